@@ -1,0 +1,1 @@
+"""Interfaces: the command line and the demo (HTTP and MCP services come later)."""

@@ -1,0 +1,64 @@
+"""The one exception hierarchy of ragwarden.
+
+Every error a caller can meet is a ``RagwardenError``; each message says what was wrong
+with which input and what to do about it. The HTTP layer maps each class to one status.
+
+    RagwardenError
+    ├── ConfigurationError        a setting is missing or malformed
+    ├── InvalidSourceError        a source record or file was refused at ingest
+    ├── PolicyError               the policy cannot be loaded
+    │   └── InvalidPolicyError    a policy file has a bad line (named, with its number)
+    ├── InvalidRequestError       a search or operation was asked for with bad arguments
+    └── WarehouseError            the warehouse is missing, damaged or inconsistent
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "InvalidPolicyError",
+    "InvalidRequestError",
+    "InvalidSourceError",
+    "PolicyError",
+    "RagwardenError",
+    "WarehouseError",
+]
+
+
+class RagwardenError(Exception):
+    """Base class of every error ragwarden raises on purpose."""
+
+
+class ConfigurationError(RagwardenError):
+    """A setting is missing or malformed."""
+
+
+class InvalidSourceError(RagwardenError):
+    """A source (JSONL record or file) was refused; nothing was written for it."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(f"{source}: {reason}")
+
+
+class PolicyError(RagwardenError):
+    """The policy cannot be loaded or used."""
+
+
+class InvalidPolicyError(PolicyError):
+    """A policy file has a line that is not a valid rule."""
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        self.path = path
+        self.line = line
+        self.reason = reason
+        super().__init__(f"{path}:{line}: {reason}")
+
+
+class InvalidRequestError(RagwardenError):
+    """A request carried an argument out of range or of the wrong form."""
+
+
+class WarehouseError(RagwardenError):
+    """The warehouse is missing, damaged or inconsistent."""

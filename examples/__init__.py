@@ -1,0 +1,1 @@
+"""Example data shipped with the package: the demo corpus and scenario."""

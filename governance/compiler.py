@@ -1,0 +1,63 @@
+"""Compile the policy, for one subject in one tenant, into one LanceDB SQL prefilter.
+
+The filter is the visibility rule of DESIGN §4 written over row columns. Each term is written so
+that a NULL or missing value fails it: a row that cannot be evaluated never passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .policy import Policy
+from .sql import sql_list, sql_string
+from .tags import Classification
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubjectView:
+    """What the policy grants one subject in one tenant, at one policy version."""
+
+    subject: str
+    tenant: str
+    policy_version: str
+    principals: frozenset[str]
+    cleared_labels: frozenset[str]
+    clearance: Classification
+
+    @classmethod
+    def of(cls, policy: Policy, subject: str, tenant: str) -> SubjectView:
+        return cls(
+            subject=subject,
+            tenant=tenant,
+            policy_version=policy.version,
+            principals=policy.principals(subject, tenant),
+            cleared_labels=frozenset(label for label in policy.labels if policy.label_allowed(subject, tenant, label)),
+            clearance=policy.clearance(subject, tenant),
+        )
+
+    def satisfied_clauses(self, clauses: Mapping[str, Iterable[str]]) -> frozenset[str]:
+        """The clause tokens (token -> principals) this subject satisfies."""
+        return frozenset(token for token, members in clauses.items() if self.principals.intersection(members))
+
+
+def compile_filter(view: SubjectView, satisfied_clauses: frozenset[str]) -> str:
+    """One SQL predicate true exactly for the rows ``view`` may read.
+
+    ``satisfied_clauses`` are the ACL clause tokens the subject satisfies; a row passes only if
+    every one of its clause tokens is among them, so a token unknown to the caller fails closed.
+    """
+    principals = sql_list(view.principals)
+    terms = [
+        f"tenant = {sql_string(view.tenant)}",
+        f"array_has_any(acl_allow, {principals})",
+        f"NOT array_has_any(acl_deny, {principals})",
+        f"array_has_all({sql_list(satisfied_clauses)}, acl_clauses)" if satisfied_clauses else "FALSE",
+        (
+            f"(cardinality(labels) = 0 OR array_has_all({sql_list(view.cleared_labels)}, labels))"
+            if view.cleared_labels
+            else "cardinality(labels) = 0"
+        ),
+        f"classification <= {int(view.clearance)}",
+    ]
+    return " AND ".join(f"({term})" for term in terms)

@@ -1,0 +1,27 @@
+"""SQL literals for LanceDB filters: every principal, label and tenant reaches SQL only as data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def sql_string(value: str) -> str:
+    """A single-quoted SQL string literal; refuses characters a literal cannot carry safely."""
+    if not isinstance(value, str):
+        raise TypeError(f"SQL string literal needs str, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValueError("a NUL character cannot appear in a filter value")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_list(values: Iterable[str]) -> str:
+    """A non-empty SQL array literal of strings, sorted for a stable cache key."""
+    items = sorted(set(values))
+    if not items:
+        raise ValueError("an SQL array literal needs at least one element")
+    return "[" + ", ".join(sql_string(v) for v in items) + "]"
+
+
+def sql_in_list(values: Iterable[str]) -> str:
+    """A parenthesised list for ``col IN (...)``."""
+    return "(" + sql_list(values)[1:-1] + ")"

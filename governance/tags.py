@@ -1,0 +1,168 @@
+"""Governance tags: what every row carries so that visibility can be decided from the row alone.
+
+Principals and labels are validated here, once, for every entry point (JSONL, files, policy):
+they are data that later reaches SQL as quoted literals, so they are kept to printable text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+from enum import IntEnum
+
+EVERYONE = "everyone"
+MAX_NAME_LENGTH = 256
+_PRINCIPAL_KINDS = ("user", "group")
+
+
+class Classification(IntEnum):
+    """Ordered sensitivity levels; a subject's clearance must reach a row's level."""
+
+    PUBLIC = 0
+    INTERNAL = 1
+    CONFIDENTIAL = 2
+    RESTRICTED = 3
+
+    @classmethod
+    def parse(cls, value: object) -> Classification:
+        """Accept a level name (any case) or its number; raise ValueError naming the choices."""
+        if isinstance(value, Classification):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value in cls._value2member_map_:
+            return cls(value)
+        if isinstance(value, str) and value.strip().upper() in cls.__members__:
+            return cls[value.strip().upper()]
+        choices = ", ".join(level.name.lower() for level in cls)
+        raise ValueError(f"unknown classification {value!r}; use one of {choices}")
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+def _printable_problem(value: object, what: str) -> str | None:
+    if not isinstance(value, str):
+        return f"{what} {value!r} is not a string"
+    if not value:
+        return f"{what} is empty"
+    if len(value) > MAX_NAME_LENGTH:
+        return f"{what} {value[:40]!r}... is longer than {MAX_NAME_LENGTH} characters"
+    for char in value:
+        if not char.isprintable() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            return f"{what} {value!r} holds the non-printable character {char!r}"
+    if value != value.strip():
+        return f"{what} {value!r} has leading or trailing spaces"
+    return None
+
+
+def principal_problem(value: object) -> str | None:
+    """Why ``value`` is not a principal (``user:alice``, ``group:finance``, ``everyone``), or None."""
+    problem = _printable_problem(value, "principal")
+    if problem:
+        return problem
+    assert isinstance(value, str)
+    if value == EVERYONE:
+        return None
+    kind, sep, name = value.partition(":")
+    if not sep or kind not in _PRINCIPAL_KINDS or not name:
+        return f"principal {value!r} is not of the form user:NAME, group:NAME or {EVERYONE}"
+    return None
+
+
+def label_problem(value: object) -> str | None:
+    """Why ``value`` is not a label (printable text of at most 256 characters), or None."""
+    return _printable_problem(value, "label")
+
+
+def tenant_problem(value: object) -> str | None:
+    """Why ``value`` is not a tenant name, or None."""
+    return _printable_problem(value, "tenant")
+
+
+def check_principal(value: object) -> str:
+    """Return ``value`` if it is a valid principal, else raise ValueError saying why."""
+    problem = principal_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value  # type: ignore[return-value]
+
+
+def clause_token(principals: frozenset[str] | tuple[str, ...] | list[str]) -> str:
+    """A stable token for one ACL clause (a set of principals, any of whom may read)."""
+    canonical = "\x1f".join(sorted(set(principals)))
+    return "c" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GovernanceTags:
+    """The governance of one row: who may read it, who may not, its labels and level.
+
+    ``acl_clauses`` holds one principal set per ACL clause; a reader must hold a principal of
+    every clause. A document and its chunks carry one clause; a derived row carries its
+    parents' clauses conjoined.
+    """
+
+    tenant: str
+    acl_clauses: tuple[frozenset[str], ...]
+    acl_deny: frozenset[str] = frozenset()
+    labels: frozenset[str] = frozenset()
+    classification: Classification = Classification.PUBLIC
+
+    def __post_init__(self) -> None:
+        problems = [tenant_problem(self.tenant)]
+        problems += [principal_problem(p) for clause in self.acl_clauses for p in clause]
+        problems += [principal_problem(p) for p in self.acl_deny]
+        problems += [label_problem(label) for label in self.labels]
+        if not self.acl_clauses or any(not clause for clause in self.acl_clauses):
+            problems.append("the ACL allows nobody (an empty allow list); name at least one principal")
+        if not isinstance(self.classification, Classification):
+            problems.append(f"classification {self.classification!r} is not a Classification")
+        found = [p for p in problems if p]
+        if found:
+            raise ValueError("; ".join(found))
+
+    @classmethod
+    def for_source(
+        cls,
+        *,
+        tenant: str,
+        allow: list[str] | tuple[str, ...] | frozenset[str],
+        deny: list[str] | tuple[str, ...] | frozenset[str] = (),
+        labels: list[str] | tuple[str, ...] | frozenset[str] = (),
+        classification: object = Classification.PUBLIC,
+    ) -> GovernanceTags:
+        """Tags of a source document: one ACL clause, its allow list."""
+        return cls(
+            tenant=tenant,
+            acl_clauses=(frozenset(allow),),
+            acl_deny=frozenset(deny),
+            labels=frozenset(labels),
+            classification=Classification.parse(classification),
+        )
+
+    @property
+    def acl_allow(self) -> list[str]:
+        """Every principal named by any clause, sorted: a reader holds at least one of them."""
+        return sorted(set().union(*self.acl_clauses))
+
+    @property
+    def clauses_by_token(self) -> dict[str, list[str]]:
+        """Each ACL clause under its token, as the clause registry stores it."""
+        return {clause_token(clause): sorted(clause) for clause in self.acl_clauses}
+
+    @property
+    def clause_tokens(self) -> list[str]:
+        return sorted(self.clauses_by_token)
+
+    def fingerprint(self) -> str:
+        """A hash that changes whenever any tag changes (used to notice re-tagging)."""
+        parts = [
+            self.tenant,
+            "|".join(sorted(clause_token(c) for c in self.acl_clauses)),
+            "|".join(sorted(self.acl_deny)),
+            "|".join(sorted(self.labels)),
+            str(int(self.classification)),
+        ]
+        return hashlib.sha256("\x1e".join(parts).encode("utf-8")).hexdigest()[:32]

@@ -1,0 +1,69 @@
+"""The visibility rule of DESIGN §4, asked of the Casbin enforcer for one row.
+
+This is the second, independent enforcement: the compiled prefilter chose the rows, and each is
+checked here before it leaves the data layer. It reads the row's stored columns as they are and
+refuses anything it cannot evaluate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .policy import Decision, Policy
+from .tags import Classification
+
+
+def check_row(
+    policy: Policy,
+    subject: str,
+    tenant: str,
+    row: Mapping[str, Any],
+    clauses: Mapping[str, Sequence[str]],
+) -> Decision:
+    """Whether ``subject`` in ``tenant`` may read ``row``; ``clauses`` maps clause token -> principals."""
+    try:
+        row_tenant = row["tenant"]
+        allow = list(row["acl_allow"])
+        deny = list(row["acl_deny"])
+        tokens = list(row["acl_clauses"])
+        labels = list(row["labels"])
+        level = Classification(int(row["classification"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        return Decision(allowed=False, reason=f"row cannot be evaluated ({exc!r})")
+    if row_tenant != tenant:
+        return Decision(allowed=False, reason="row belongs to another tenant")
+    if not tokens or not allow:
+        return Decision(allowed=False, reason="row has no ACL")
+
+    def held(principal: object) -> bool:
+        return isinstance(principal, str) and policy.holds(subject, principal, tenant)
+
+    holding = sorted(p for p in allow if held(p))
+    if not holding:
+        return Decision(allowed=False, reason="subject holds no principal of the ACL")
+    for token in tokens:
+        members = clauses.get(token)
+        if members is None:
+            return Decision(allowed=False, reason=f"ACL clause {token} is unknown")
+        if not any(held(p) for p in members):
+            return Decision(allowed=False, reason=f"subject holds no principal of ACL clause {token}")
+    denied = [p for p in deny if held(p)]
+    if denied:
+        return Decision(allowed=False, reason=f"denied to {denied[0]}")
+    for label in labels:
+        if not isinstance(label, str) or not policy.label_allowed(subject, tenant, label):
+            return Decision(allowed=False, reason=f"label {label!r} not granted")
+    if level > Classification.PUBLIC:
+        granted = [c for c in Classification if c >= level and policy.enforce(subject, tenant, f"classification:{c.label}", "read")]
+        if not granted:
+            return Decision(allowed=False, reason=f"clearance below {level.label}")
+    return Decision(allowed=True, reason=_allowed_reason(holding, labels, level))
+
+
+def _allowed_reason(holding: list[str], labels: list[str], level: Classification) -> str:
+    parts = [f"ACL allows {', '.join(holding)}, which the subject holds"]
+    if labels:
+        parts.append(f"cleared for {', '.join(sorted(labels))}")
+    parts.append(f"clearance covers {level.label}")
+    return "; ".join(parts)

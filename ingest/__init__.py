@@ -1,0 +1,1 @@
+"""Ingest: source loaders and ACL readers, chunking, and the idempotent per-document writer."""

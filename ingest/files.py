@@ -1,0 +1,318 @@
+"""Files as sources: text, Markdown, HTML and PDF, each with its governance (DESIGN §6).
+
+A file's governance comes from a sidecar ``<file>.acl.yaml`` next to it, else from the first
+matching rule of a manifest, or (``acl_from="posix"``) its ACL from the file's owner, group
+and mode. A file with no governance is refused, never given a default ACL (fail closed, §4).
+Every file yields exactly one outcome: a ``SourceRecord``, ``Skipped`` or ``Rejected``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWarning
+from pypdf import PdfReader
+
+from ..errors import InvalidSourceError
+from ..governance.tags import EVERYONE
+from .records import Outcome, Rejected, Skipped, SourceRecord, build_record
+
+MEDIA_TYPES = {
+    ".txt": "text/plain",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".html": "text/html",
+    ".htm": "text/html",
+    ".pdf": "application/pdf",
+}
+SIDECAR_SUFFIX = ".acl.yaml"
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+BINARY_PROBE_BYTES = 8 * 1024
+POSIX_DEFAULT_CLASSIFICATION = "internal"
+_GOVERNANCE_KEYS = frozenset({"tenant", "acl", "labels", "classification"})
+RULE_KEYS = _GOVERNANCE_KEYS | {"glob"}
+SIDECAR_KEYS = _GOVERNANCE_KEYS | {"id", "uri"}
+
+
+def iter_file_sources(
+    paths: Sequence[Path],
+    *,
+    manifest: Path | None = None,
+    acl_from: str | None = None,
+    default_tenant: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Iterator[Outcome]:
+    """One outcome per document file under ``paths`` (files, or folders walked recursively).
+
+    Folders are walked depth-first with names sorted; hidden entries, ``*.acl.yaml`` sidecars
+    and the manifest are not documents. A file of another type is ``Skipped`` inside a folder
+    and ``Rejected`` when named. The id is the sidecar's ``id``, else the path relative to the
+    folder argument (or the file name); a later file whose id is already taken is ``Rejected``.
+
+    With ``acl_from="posix"`` the ACL is ``user:<owner>``, plus ``group:<group>`` if the group
+    may read and ``everyone`` if the world may; the owner is always listed, even without a read
+    bit, since an owner can grant it at will. Any ``acl`` in a sidecar or rule is then ignored,
+    and their tenant, labels and classification are used, defaulting to ``default_tenant``, no
+    labels and ``internal``. ``default_tenant`` also fills a sidecar or rule without a tenant.
+
+    Raises ValueError for an unknown ``acl_from`` and InvalidSourceError for a malformed
+    manifest, both before the first file is read: every file's governance depends on them.
+    """
+    if acl_from not in (None, "posix"):
+        raise ValueError(f"unknown acl_from {acl_from!r}; use 'posix' or leave it unset")
+    loader = _Loader(
+        manifest=_load_manifest(manifest) if manifest is not None else None,
+        posix=acl_from == "posix",
+        default_tenant=default_tenant,
+        max_bytes=max_bytes,
+    )
+    return loader.outcomes([Path(p) for p in paths])
+
+
+@dataclass(frozen=True)
+class _Rule:
+    glob: tuple[str, ...]
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    path: Path
+    root: Path
+    rules: tuple[_Rule, ...]
+
+    def match(self, path: Path) -> Mapping[str, Any] | None:
+        """The first rule whose glob matches ``path`` relative to the manifest's folder."""
+        try:
+            parts = Path(os.path.abspath(path)).relative_to(self.root).parts
+        except ValueError:
+            return None
+        return next((rule.fields for rule in self.rules if _glob_match(rule.glob, parts)), None)
+
+
+def _glob_match(glob: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    """Whole-path glob match by segment, as 3.13's ``PurePath.full_match``: ``*``, ``?`` and
+    ``[..]`` stay within a segment; ``**`` spans zero or more segments (one or more at the end,
+    so ``docs/**`` is what is inside ``docs``)."""
+    if not glob:
+        return not parts
+    head, rest = glob[0], glob[1:]
+    if head == "**":
+        if not rest:
+            return bool(parts)
+        return any(_glob_match(rest, parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], head) and _glob_match(rest, parts[1:])
+
+
+def _read_yaml_mapping(path: Path, allowed: frozenset[str]) -> dict[str, Any]:
+    """A YAML file holding one mapping with only ``allowed`` keys; ValueError says what is wrong."""
+    try:
+        data = yaml.safe_load(path.read_bytes())
+    except OSError as exc:
+        raise ValueError(f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+    _check_mapping(data, allowed)
+    return data
+
+
+def _check_mapping(data: object, allowed: frozenset[str]) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"must be a mapping, not {type(data).__name__}")
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"has unknown keys {sorted(map(str, unknown))}; use {sorted(allowed)}")
+
+
+def _load_manifest(path: Path) -> _Manifest:
+    """Parse and check a manifest; raise InvalidSourceError naming it (and the rule) if malformed."""
+    try:
+        rules = _read_yaml_mapping(path, frozenset({"rules"})).get("rules")
+        if rules is None:
+            raise ValueError("has no rules list")
+        if not isinstance(rules, list):
+            raise ValueError(f"rules must be a list, not {type(rules).__name__}")
+        parsed = []
+        for index, rule in enumerate(rules):
+            try:
+                _check_mapping(rule, RULE_KEYS)
+                glob = rule.get("glob")
+                if not isinstance(glob, str) or not glob.strip() or glob.startswith("/"):
+                    raise ValueError("needs a glob: a path pattern relative to the manifest's folder")
+            except ValueError as exc:
+                raise ValueError(f"rules[{index}]: {exc}") from None
+            segments = tuple(s for s in glob.split("/") if s not in ("", "."))
+            fields = {key: value for key, value in rule.items() if key != "glob"}
+            parsed.append(_Rule(glob=segments, fields=fields))
+    except ValueError as exc:
+        raise InvalidSourceError(str(path), str(exc)) from None
+    return _Manifest(path=path, root=Path(os.path.abspath(path.parent)), rules=tuple(parsed))
+
+
+def _posix_acl(path: Path) -> dict[str, list[str]]:
+    """The readers a file's owner, group and mode name (see ``iter_file_sources``)."""
+    import grp  # POSIX-only modules, imported when asked for
+    import pwd
+
+    info = path.stat()
+    allow = [f"user:{_account_name(pwd.getpwuid, info.st_uid, 'uid')}"]
+    if info.st_mode & stat.S_IRGRP:
+        allow.append(f"group:{_account_name(grp.getgrgid, info.st_gid, 'gid')}")
+    if info.st_mode & stat.S_IROTH:
+        allow.append(EVERYONE)
+    return {"allow": allow, "deny": []}
+
+
+def _account_name(lookup: Any, number: int, kind: str) -> str:
+    """The account's name, or ``uid-1000`` / ``gid-1000`` when the number has none."""
+    try:
+        return str(lookup(number)[0])
+    except KeyError:
+        return f"{kind}-{number}"
+
+
+def _extract_text(data: bytes, media_type: str, origin: str) -> str:
+    """The text of a file's bytes; InvalidSourceError for binary, non-UTF-8 or unreadable PDF."""
+    if media_type == "application/pdf":
+        return _pdf_text(data, origin)
+    if b"\0" in data[:BINARY_PROBE_BYTES]:
+        raise InvalidSourceError(origin, "binary content (a NUL byte in the first 8 KiB)")
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise InvalidSourceError(origin, f"invalid UTF-8 at byte {exc.start}") from None
+    return _html_text(text) if media_type == "text/html" else text
+
+
+def _html_text(html: str) -> str:
+    """Visible text of an HTML page: no script or style, one blank line at most between blocks."""
+    with warnings.catch_warnings():  # a page that merely looks like a URL or XML is still a page
+        warnings.simplefilter("ignore", MarkupResemblesLocatorWarning)
+        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+        soup = BeautifulSoup(html, "html.parser")
+    for element in soup(["script", "style"]):
+        element.decompose()
+    lines = (line.strip() for line in soup.get_text("\n").splitlines())
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def _pdf_text(data: bytes, origin: str) -> str:
+    """Text of every page, pages joined by a blank line."""
+    try:
+        pages = PdfReader(io.BytesIO(data)).pages
+        texts = [(page.extract_text() or "").strip() for page in pages]
+    except Exception as exc:  # noqa: BLE001 - an untrusted file can break the parser in any way
+        raise InvalidSourceError(origin, f"unreadable PDF ({type(exc).__name__}: {exc})") from None
+    return "\n\n".join(text for text in texts if text)
+
+
+def _walk(folder: Path, excluded: Path | None) -> Iterator[tuple[Path, str] | Rejected]:
+    """Candidate documents under ``folder`` with their relative POSIX paths, in a fixed order;
+    a sub-folder that cannot be listed is ``Rejected`` rather than silently left out."""
+    errors: list[OSError] = []
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=errors.append):
+        yield from _unlistable(errors)
+        dirnames[:] = sorted(name for name in dirnames if not name.startswith("."))
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if name.startswith(".") or name.endswith(SIDECAR_SUFFIX) or Path(os.path.abspath(path)) == excluded:
+                continue
+            yield path, path.relative_to(folder).as_posix()
+    yield from _unlistable(errors)
+
+
+def _unlistable(errors: list[OSError]) -> Iterator[Rejected]:
+    """Drain the folders ``os.walk`` could not list, as refusals."""
+    while errors:
+        error = errors.pop(0)
+        yield Rejected(source=str(error.filename), reason=f"cannot list: {error.strerror or error}")
+
+
+@dataclass(frozen=True)
+class _Loader:
+    manifest: _Manifest | None
+    posix: bool
+    default_tenant: str | None
+    max_bytes: int
+
+    def outcomes(self, paths: list[Path]) -> Iterator[Outcome]:
+        excluded = Path(os.path.abspath(self.manifest.path)) if self.manifest else None
+        for given in paths:
+            named = not given.is_dir()
+            if not named:
+                candidates: Iterator[tuple[Path, str] | Rejected] = _walk(given, excluded)
+            elif given.is_file():
+                candidates = iter([(given, given.name)])
+            else:
+                yield Rejected(source=str(given), reason="no such file or folder")
+                continue
+            for candidate in candidates:
+                if isinstance(candidate, Rejected):
+                    yield candidate
+                    continue
+                yield self.outcome(*candidate, named=named)
+
+    def outcome(self, path: Path, relative: str, *, named: bool) -> Outcome:
+        """The one outcome of one file."""
+        origin = str(path)
+        media_type = MEDIA_TYPES.get(path.suffix.lower())
+        if media_type is None:
+            reason = f"unsupported file type {path.suffix or '(no extension)'}"
+            return Rejected(source=origin, reason=reason) if named else Skipped(source=origin, reason=reason)
+        try:
+            size = path.stat().st_size
+            if size > self.max_bytes:
+                raise InvalidSourceError(origin, f"file is {size} bytes, over the cap of {self.max_bytes} bytes")
+            fields = self.governance(path, origin)
+            return build_record(
+                doc_id=relative if fields.get("id") is None else fields["id"],
+                text=_extract_text(path.read_bytes(), media_type, origin),
+                tenant=fields.get("tenant"),
+                acl=fields.get("acl"),
+                labels=fields.get("labels"),
+                classification=fields.get("classification"),
+                uri=fields.get("uri") or path.resolve().as_uri(),
+                metadata={"path": relative, "media_type": media_type},
+                origin=origin,
+            )
+        except InvalidSourceError as exc:
+            return Rejected(source=exc.source, reason=exc.reason)
+        except OSError as exc:
+            return Rejected(source=origin, reason=f"cannot read: {exc.strerror or exc}")
+
+    def governance(self, path: Path, origin: str) -> dict[str, Any]:
+        """The governance fields of one file: sidecar, else first manifest rule, else POSIX."""
+        sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
+        if sidecar.is_file():
+            try:
+                fields = _read_yaml_mapping(sidecar, SIDECAR_KEYS)
+            except ValueError as exc:
+                raise InvalidSourceError(origin, f"sidecar {sidecar}: {exc}") from None
+        elif self.manifest and (rule := self.manifest.match(path)) is not None:
+            fields = dict(rule)
+        elif self.posix:
+            fields = {}
+        else:
+            where = f"no rule of {self.manifest.path} matches it" if self.manifest else "no manifest"
+            raise InvalidSourceError(origin, f"no governance: no sidecar {sidecar.name} and {where}")
+        if self.posix:
+            fields["acl"] = _posix_acl(path)
+            if fields.get("classification") is None:
+                fields["classification"] = POSIX_DEFAULT_CLASSIFICATION
+        if fields.get("tenant") is None:
+            if self.default_tenant is None:
+                raise InvalidSourceError(origin, "no tenant: pass --tenant or a manifest (or set it in a sidecar)")
+            fields["tenant"] = self.default_tenant
+        return fields

@@ -1,0 +1,140 @@
+"""Ingest orchestration: read sources, validate, write in batches, report what happened."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..embedder import Embedder
+from ..store import Store
+from .files import iter_file_sources
+from .records import Outcome, Rejected, Skipped, SourceRecord, read_jsonl
+from .writer import DocumentWriter
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestReport:
+    """What one ingest run did: documents written or unchanged, chunks, and every refusal."""
+
+    run_id: str
+    documents: int
+    unchanged: int
+    chunks: int
+    skipped: tuple[Skipped, ...]
+    rejected: tuple[Rejected, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejected
+
+    def summary(self) -> str:
+        return (
+            f"{self.documents} documents written, {self.unchanged} unchanged, {self.chunks} chunks, "
+            f"{len(self.skipped)} skipped, {len(self.rejected)} rejected in {self.seconds:.1f} s"
+        )
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
+
+
+def iter_sources(
+    paths: Sequence[Path | str],
+    *,
+    manifest: Path | None,
+    acl_from: str | None,
+    default_tenant: str | None,
+    max_bytes: int,
+) -> Iterator[Outcome]:
+    """Every outcome of every input: JSONL files record by record, other paths as documents."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            yield Rejected(source=str(path), reason="no such file or folder")
+        elif path.is_file() and _is_jsonl(path):
+            yield from read_jsonl(path)
+        else:
+            files.append(path)
+    if files:
+        yield from iter_file_sources(
+            files, manifest=manifest, acl_from=acl_from, default_tenant=default_tenant, max_bytes=max_bytes
+        )
+
+
+def dedupe_ids(outcomes: Iterable[Outcome]) -> Iterator[Outcome]:
+    """Refuse a second record with an id already seen in this run: which one wins would be arbitrary."""
+    first_seen: dict[str, str] = {}
+    for outcome in outcomes:
+        if isinstance(outcome, SourceRecord):
+            if outcome.doc_id in first_seen:
+                yield Rejected(
+                    source=outcome.origin,
+                    reason=f"id {outcome.doc_id!r} already appeared in this run at {first_seen[outcome.doc_id]}",
+                )
+                continue
+            first_seen[outcome.doc_id] = outcome.origin
+        yield outcome
+
+
+def run_ingest(
+    outcomes: Iterable[Outcome],
+    *,
+    store: Store,
+    embedder: Embedder,
+    overlap: int,
+    batch_docs: int,
+    progress: bool | None = None,
+) -> IngestReport:
+    """Write every valid record, batch by batch; each batch is one commit."""
+    started = time.perf_counter()
+    run_id = str(uuid.uuid4())
+    writer = DocumentWriter(store, embedder, overlap=overlap, run_id=run_id)
+    skipped: list[Skipped] = []
+    rejected: list[Rejected] = []
+    documents = unchanged = chunks = 0
+    batch: list[SourceRecord] = []
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(desc="ingest", unit="doc", disable=not show, file=sys.stderr)
+
+    def flush() -> None:
+        nonlocal documents, unchanged, chunks
+        if not batch:
+            return
+        result = writer.write(batch)
+        documents += len(result.written)
+        unchanged += len(result.unchanged)
+        chunks += result.chunks
+        rejected.extend(result.rejected)
+        bar.update(len(batch))
+        batch.clear()
+
+    with bar:
+        for outcome in dedupe_ids(outcomes):
+            if isinstance(outcome, Skipped):
+                skipped.append(outcome)
+            elif isinstance(outcome, Rejected):
+                rejected.append(outcome)
+            else:
+                batch.append(outcome)
+                if len(batch) >= batch_docs:
+                    flush()
+        flush()
+    if documents:
+        store.ensure_text_index()
+    return IngestReport(
+        run_id=run_id,
+        documents=documents,
+        unchanged=unchanged,
+        chunks=chunks,
+        skipped=tuple(skipped),
+        rejected=tuple(rejected),
+        seconds=time.perf_counter() - started,
+    )

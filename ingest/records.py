@@ -1,0 +1,169 @@
+"""Source records: one document with its governance, validated before anything is written.
+
+Every loader (JSONL, files with a manifest or sidecar, POSIX permissions) produces the same
+three outcomes: a ``SourceRecord`` to ingest, a ``Skipped`` input (empty text) or a ``Rejected``
+one (bad governance or bad bytes), each naming where it came from and why.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidSourceError
+from ..governance.tags import GovernanceTags
+
+MAX_ID_LENGTH = 512
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceRecord:
+    """A document ready to ingest: its text, its tags, where it came from."""
+
+    doc_id: str
+    text: str
+    tags: GovernanceTags
+    uri: str
+    origin: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        """Content hash of the text: a new version whenever the text changes."""
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skipped:
+    """An input that holds nothing to index (empty text); not an error."""
+
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejected:
+    """An input refused at ingest; nothing was written for it."""
+
+    source: str
+    reason: str
+
+
+Outcome = SourceRecord | Skipped | Rejected
+
+
+def _string_list(value: object, what: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list of strings, not {type(value).__name__}")
+    return value
+
+
+def build_record(
+    *,
+    doc_id: object,
+    text: object,
+    tenant: object,
+    acl: object,
+    labels: object = None,
+    classification: object = None,
+    uri: object = None,
+    metadata: object = None,
+    origin: str,
+) -> SourceRecord | Skipped:
+    """Validate one document's fields; raise InvalidSourceError naming ``origin`` and the reason.
+
+    A missing ACL is refused (fail closed), never defaulted. Empty text is ``Skipped``.
+    """
+    try:
+        if not isinstance(doc_id, str) or not doc_id.strip() or len(doc_id) > MAX_ID_LENGTH or not doc_id.isprintable():
+            raise ValueError(f"id {doc_id!r} must be printable text of 1 to {MAX_ID_LENGTH} characters")
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a string, not {type(text).__name__}")
+        if acl is None:
+            raise ValueError("no ACL; every source needs acl.allow (fail closed)")
+        if not isinstance(acl, Mapping):
+            raise ValueError(f"acl must be an object with allow and deny lists, not {type(acl).__name__}")
+        unknown = set(acl) - {"allow", "deny"}
+        if unknown:
+            raise ValueError(f"acl has unknown keys {sorted(unknown)}; use allow and deny")
+        allow = _string_list(acl.get("allow"), "acl.allow")
+        if not allow:
+            raise ValueError("acl.allow is empty, so nobody could read it; name at least one principal")
+        if classification is None:
+            raise ValueError("no classification; use public, internal, confidential or restricted")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValueError(f"metadata must be an object, not {type(metadata).__name__}")
+        if uri is not None and not isinstance(uri, str):
+            raise ValueError(f"uri must be a string, not {type(uri).__name__}")
+        tags = GovernanceTags.for_source(
+            tenant=tenant,  # type: ignore[arg-type]
+            allow=allow,
+            deny=_string_list(acl.get("deny"), "acl.deny"),
+            labels=_string_list(labels, "labels"),
+            classification=classification,
+        )
+    except ValueError as exc:
+        raise InvalidSourceError(origin, str(exc)) from None
+    if not text.strip():
+        return Skipped(source=origin, reason="empty text")
+    return SourceRecord(
+        doc_id=doc_id,
+        text=text,
+        tags=tags,
+        uri=uri or f"doc:{doc_id}",
+        origin=origin,
+        metadata=dict(metadata or {}),
+    )
+
+
+def read_jsonl(path: Path) -> Iterator[Outcome]:
+    """Records of a JSONL file (``.jsonl`` or ``.jsonl.gz``), one outcome per non-blank line."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            origin = f"{path}:{number}"
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield Rejected(source=origin, reason=f"invalid UTF-8 at byte {exc.start}")
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield Rejected(source=origin, reason=f"not valid JSON ({exc.msg} at column {exc.colno})")
+                continue
+            if not isinstance(obj, dict):
+                yield Rejected(source=origin, reason=f"a record must be a JSON object, not {type(obj).__name__}")
+                continue
+            yield from record_outcome(obj, origin)
+
+
+def record_outcome(obj: Mapping[str, Any], origin: str) -> Iterator[Outcome]:
+    """The outcome of one JSONL-shaped object (DESIGN §6), errors turned into ``Rejected``."""
+    unknown = set(obj) - {"id", "text", "tenant", "acl", "labels", "classification", "uri", "metadata"}
+    if unknown:
+        yield Rejected(source=origin, reason=f"unknown fields {sorted(unknown)}")
+        return
+    try:
+        yield build_record(
+            doc_id=obj.get("id"),
+            text=obj.get("text"),
+            tenant=obj.get("tenant"),
+            acl=obj.get("acl"),
+            labels=obj.get("labels"),
+            classification=obj.get("classification"),
+            uri=obj.get("uri"),
+            metadata=obj.get("metadata"),
+            origin=origin if "id" not in obj else f"{origin} (id {obj.get('id')!r})",
+        )
+    except InvalidSourceError as exc:
+        yield Rejected(source=exc.source, reason=exc.reason)

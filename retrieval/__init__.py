@@ -1,0 +1,1 @@
+"""Retrieval: vector, full-text and hybrid search under the compiled filter, then a post-check."""

@@ -1,0 +1,37 @@
+"""Search results with what a caller needs to cite them and to label what it makes from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..governance.tags import Classification
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hit:
+    """One retrieved chunk, with its citation, its governance and why the caller could see it."""
+
+    chunk_id: str
+    doc_id: str
+    source_uri: str
+    text: str
+    score: float
+    labels: tuple[str, ...]
+    classification: Classification
+    doc_version: str
+    position: int | None
+    reason: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "chunk_id": self.chunk_id,
+            "doc_id": self.doc_id,
+            "source_uri": self.source_uri,
+            "text": self.text,
+            "score": self.score,
+            "labels": list(self.labels),
+            "classification": self.classification.label,
+            "doc_version": self.doc_version,
+            "position": self.position,
+            "reason": self.reason,
+        }

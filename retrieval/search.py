@@ -1,0 +1,165 @@
+"""Governed search: the top-k among the rows a subject may read, never "k, then drop".
+
+The compiled filter runs inside LanceDB as a prefilter, so ranking happens over visible rows
+only; every row is then re-checked by the Casbin enforcer before it leaves (defence in depth).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from lancedb.query import MatchQuery
+
+from ..embedder import Embedder
+from ..errors import InvalidRequestError
+from ..governance.compiler import SubjectView, compile_filter
+from ..governance.policy import Policy
+from ..governance.tags import Classification, principal_problem, tenant_problem
+from ..governance.visibility import check_row
+from ..store import Store
+from .fusion import reciprocal_rank_fusion
+from .hits import Hit
+
+log = logging.getLogger(__name__)
+
+MODES = ("vector", "fts", "hybrid")
+MAX_K = 1000
+MAX_QUERY_CHARS = 8192
+HYBRID_CANDIDATES = 50
+_COLUMNS = [
+    "chunk_id", "doc_id", "source_uri", "text", "tenant", "acl_allow", "acl_deny",
+    "acl_clauses", "labels", "classification", "doc_version", "position",
+]  # fmt: skip
+
+
+class FilterCache:
+    """Compiled filters by (subject, tenant, policy version, clause registry version)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple[str, ...], str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, ...], build: Callable[[], str]) -> str:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = build()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return value
+
+
+def validate_request(query: str, subject: str, tenant: str, k: int, mode: str) -> None:
+    """Refuse malformed arguments, naming the one at fault."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidRequestError("query is empty; pass the text to search for")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidRequestError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
+    problem = principal_problem(subject)
+    if problem or not subject.startswith("user:"):
+        raise InvalidRequestError(problem or f"subject {subject!r} must be a user (user:NAME)")
+    problem = tenant_problem(tenant)
+    if problem:
+        raise InvalidRequestError(problem)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise InvalidRequestError(f"k must be a whole number from 1 to {MAX_K}, got {k!r}")
+    if mode not in MODES:
+        raise InvalidRequestError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+
+
+class Searcher:
+    """Runs governed searches over one store with one embedder."""
+
+    def __init__(self, store: Store, embedder: Embedder) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.filters = FilterCache()
+
+    def compiled_filter(self, policy: Policy, subject: str, tenant: str) -> str:
+        registry_version = str(self.store.clauses.version)
+        key = (subject, tenant, policy.version, registry_version)
+
+        def build() -> str:
+            view = SubjectView.of(policy, subject, tenant)
+            return compile_filter(view, view.satisfied_clauses(self.store.clause_registry()))
+
+        return self.filters.get(key, build)
+
+    def search(
+        self, query: str, *, policy: Policy | None, subject: str, tenant: str, k: int = 10, mode: str = "vector"
+    ) -> list[Hit]:
+        validate_request(query, subject, tenant, k, mode)
+        if policy is None:
+            return []  # no policy at all: nothing is visible
+        where = self.compiled_filter(policy, subject, tenant)
+        if mode == "vector":
+            ranked = [(row, 1.0 - float(row["_distance"])) for row in self._vector(query, where, k)]
+        elif mode == "fts":
+            ranked = [(row, float(row["_score"])) for row in self._fts(query, where, k)]
+        else:
+            ranked = self._hybrid(query, where, k)
+        return self._post_check(ranked, policy, subject, tenant)
+
+    def _vector(self, query: str, where: str, limit: int) -> list[dict[str, Any]]:
+        vector = self.embedder.encode([query])[0]
+        return (
+            self.store.chunks.search(vector, vector_column_name="vector")
+            .distance_type("cosine")
+            .where(where, prefilter=True)
+            .select([*_COLUMNS, "_distance"])
+            .limit(limit)
+            .to_list()
+        )
+
+    def _fts(self, query: str, where: str, limit: int) -> list[dict[str, Any]]:
+        if not any(index.index_type == "FTS" for index in self.store.chunks.list_indices()):
+            return []
+        return (
+            self.store.chunks.search(MatchQuery(query, "text"), query_type="fts")
+            .where(where, prefilter=True)
+            .select([*_COLUMNS, "_score"])
+            .limit(limit)
+            .to_list()
+        )
+
+    def _hybrid(self, query: str, where: str, k: int) -> list[tuple[dict[str, Any], float]]:
+        depth = max(k, HYBRID_CANDIDATES)
+        vector_rows = self._vector(query, where, depth)
+        text_rows = self._fts(query, where, depth)
+        rows = {row["chunk_id"]: row for row in [*text_rows, *vector_rows]}
+        fused = reciprocal_rank_fusion([[r["chunk_id"] for r in vector_rows], [r["chunk_id"] for r in text_rows]])
+        return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]
+
+    def _post_check(
+        self, ranked: list[tuple[dict[str, Any], float]], policy: Policy, subject: str, tenant: str
+    ) -> list[Hit]:
+        registry = self.store.clause_registry()
+        hits: list[Hit] = []
+        for row, score in ranked:
+            decision = check_row(policy, subject, tenant, row, registry)
+            if not decision.allowed:
+                log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
+                continue
+            hits.append(
+                Hit(
+                    chunk_id=row["chunk_id"],
+                    doc_id=row["doc_id"],
+                    source_uri=row["source_uri"],
+                    text=row["text"],
+                    score=score,
+                    labels=tuple(row["labels"]),
+                    classification=Classification(row["classification"]),
+                    doc_version=row["doc_version"],
+                    position=row["position"],
+                    reason=decision.reason,
+                )
+            )
+        return hits

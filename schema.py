@@ -1,0 +1,74 @@
+"""Arrow schemas of the warehouse tables (DESIGN §3): the contract every part reads and writes."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+CHUNKS = "chunks"
+SOURCES = "sources"
+CLAUSES = "acl_clauses"
+POLICIES = "policies"
+
+_strings = pa.list_(pa.string())
+_timestamp = pa.timestamp("us", tz="UTC")
+
+
+def chunks_schema(dimension: int) -> pa.Schema:
+    """One row per retrievable item: a chunk now, a summary or agent memory later."""
+    return pa.schema(
+        [
+            pa.field("chunk_id", pa.string(), nullable=False),
+            pa.field("doc_id", pa.string(), nullable=False),
+            pa.field("source_uri", pa.string()),
+            pa.field("doc_version", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("position", pa.int32()),
+            pa.field("text", pa.string(), nullable=False),
+            pa.field("vector", pa.list_(pa.float32(), dimension)),
+            pa.field("tenant", pa.string(), nullable=False),
+            pa.field("acl_allow", _strings, nullable=False),
+            pa.field("acl_deny", _strings, nullable=False),
+            pa.field("acl_clauses", _strings, nullable=False),
+            pa.field("labels", _strings, nullable=False),
+            pa.field("classification", pa.int8(), nullable=False),
+            pa.field("parents", _strings, nullable=False),
+            pa.field("ingest_run_id", pa.string()),
+            pa.field("embedding_model", pa.string()),
+            pa.field("created_at", _timestamp),
+        ]
+    )
+
+
+SOURCES_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("uri", pa.string()),
+        pa.field("doc_version", pa.string(), nullable=False),
+        pa.field("tags_fingerprint", pa.string(), nullable=False),
+        pa.field("acl_allow", _strings, nullable=False),
+        pa.field("acl_deny", _strings, nullable=False),
+        pa.field("labels", _strings, nullable=False),
+        pa.field("classification", pa.int8(), nullable=False),
+        pa.field("chunk_count", pa.int32(), nullable=False),
+        pa.field("metadata", pa.string()),
+        pa.field("ingest_run_id", pa.string()),
+        pa.field("ingested_at", _timestamp),
+    ]
+)
+
+CLAUSES_SCHEMA = pa.schema(
+    [
+        pa.field("token", pa.string(), nullable=False),
+        pa.field("principals", _strings, nullable=False),
+    ]
+)
+
+POLICIES_SCHEMA = pa.schema(
+    [
+        pa.field("version", pa.string(), nullable=False),
+        pa.field("source", pa.string()),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("installed_at", _timestamp),
+    ]
+)

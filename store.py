@@ -1,0 +1,169 @@
+"""The state layer: the warehouse's LanceDB tables and the few operations on them.
+
+Every process opens the warehouse with ``read_consistency_interval=0`` so each read sees the
+latest commit: a replica never serves a revoked ACL from a stale handle.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import pyarrow as pa
+from lancedb.index import FTS
+
+from .errors import WarehouseError
+from .governance.policy import Policy
+from .governance.sql import sql_in_list
+from .schema import CHUNKS, CLAUSES, CLAUSES_SCHEMA, POLICIES, POLICIES_SCHEMA, SOURCES, SOURCES_SCHEMA, chunks_schema
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceState:
+    """What the warehouse holds of one source document."""
+
+    doc_id: str
+    tenant: str
+    doc_version: str
+    tags_fingerprint: str
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+class Store:
+    """The warehouse's tables: ``chunks``, ``sources``, ``acl_clauses`` and ``policies``."""
+
+    def __init__(self, uri: str, *, dimension: int) -> None:
+        self.uri = uri
+        if _is_local(uri):
+            Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = lancedb.connect(uri, read_consistency_interval=timedelta(0))
+        except Exception as exc:  # lancedb raises plain exceptions for bad URIs
+            raise WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+        self.chunks = self._table(CHUNKS, chunks_schema(dimension))
+        self.sources = self._table(SOURCES, SOURCES_SCHEMA)
+        self.clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
+        self.policies = self._table(POLICIES, POLICIES_SCHEMA)
+        self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
+        self._lock = threading.Lock()
+
+    def _table(self, name: str, schema: pa.Schema) -> Any:
+        try:
+            table = self.db.create_table(name, schema=schema, exist_ok=True)
+        except Exception as exc:
+            raise WarehouseError(f"warehouse {self.uri!r}: table {name!r} cannot be opened: {exc}") from exc
+        if not table.schema.equals(schema, check_metadata=False):
+            raise WarehouseError(
+                f"warehouse {self.uri!r}: table {name!r} has schema {table.schema}, expected {schema}; "
+                "it was written by another version or another embedding model"
+            )
+        return table
+
+    # -- ACL clause registry ---------------------------------------------------------------
+
+    def clause_registry(self) -> dict[str, tuple[str, ...]]:
+        """Clause token -> principals, re-read only when the registry has a new version."""
+        version = self.clauses.version
+        with self._lock:
+            if self._clause_cache[0] == version:
+                return self._clause_cache[1]
+        rows = self.clauses.to_arrow().to_pylist()
+        registry = {row["token"]: tuple(row["principals"]) for row in rows}
+        with self._lock:
+            self._clause_cache = (version, registry)
+        return registry
+
+    def register_clauses(self, clauses: Mapping[str, Iterable[str]]) -> None:
+        """Record new clause tokens; existing ones are left as they are (tokens are content hashes)."""
+        known = self.clause_registry()
+        new = [{"token": t, "principals": sorted(p)} for t, p in clauses.items() if t not in known]
+        if new:
+            (
+                self.clauses.merge_insert("token")
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_pylist(new, schema=CLAUSES_SCHEMA))
+            )
+
+    # -- documents ------------------------------------------------------------------------
+
+    def source_states(self, doc_ids: Iterable[str]) -> dict[str, SourceState]:
+        ids = sorted(set(doc_ids))
+        if not ids:
+            return {}
+        rows = (
+            self.sources.search()
+            .where(f"doc_id IN {sql_in_list(ids)}")
+            .select(["doc_id", "tenant", "doc_version", "tags_fingerprint"])
+            .limit(None)
+            .to_list()
+        )
+        return {row["doc_id"]: SourceState(**{k: row[k] for k in SourceState.__dataclass_fields__}) for row in rows}
+
+    def vectors_of(self, chunk_ids: Iterable[str]) -> dict[str, list[float]]:
+        """Stored vectors of chunks that already exist, so unchanged text is never re-embedded."""
+        ids = sorted(set(chunk_ids))
+        if not ids:
+            return {}
+        rows = (
+            self.chunks.search()
+            .where(f"chunk_id IN {sql_in_list(ids)}")
+            .select(["chunk_id", "vector"])
+            .limit(None)
+            .to_list()
+        )
+        return {row["chunk_id"]: row["vector"] for row in rows}
+
+    def replace_documents(self, doc_ids: list[str], chunk_rows: pa.Table, source_rows: pa.Table) -> None:
+        """Make ``chunk_rows`` the only chunks of ``doc_ids``, in one commit.
+
+        Old chunks of those documents are deleted in the same commit that adds the new ones,
+        so a reader sees the old version or the new one, never both or neither.
+        """
+        if doc_ids:
+            (
+                self.chunks.merge_insert("chunk_id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .when_not_matched_by_source_delete(f"doc_id IN {sql_in_list(doc_ids)}")
+                .execute(chunk_rows)
+            )
+        if source_rows.num_rows:
+            self.sources.merge_insert("doc_id").when_matched_update_all().when_not_matched_insert_all().execute(
+                source_rows
+            )
+
+    def ensure_text_index(self) -> None:
+        """Build the full-text index once; later rows are searched unindexed until optimized."""
+        if self.chunks.count_rows() == 0:
+            return
+        if not any(index.index_type == "FTS" for index in self.chunks.list_indices()):
+            self.chunks.create_index("text", config=FTS(), replace=True)
+        else:
+            self.chunks.optimize()
+
+    # -- policies -------------------------------------------------------------------------
+
+    def install_policy(self, policy: Policy) -> None:
+        row = {
+            "version": policy.version,
+            "source": policy.source,
+            "text": policy.text,
+            "installed_at": datetime.now(timezone.utc),
+        }
+        self.policies.add(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))
+
+    def installed_policy(self) -> Policy | None:
+        """The most recently installed policy, or None if the warehouse has none."""
+        if self.policies.count_rows() == 0:
+            return None
+        rows = self.policies.to_arrow().sort_by([("installed_at", "descending")]).slice(0, 1).to_pylist()
+        row = rows[0]
+        return Policy.from_text(row["text"], source=f"{self.uri} (policy {row['version']})")

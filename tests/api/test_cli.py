@@ -1,0 +1,124 @@
+"""The command line: every command works end to end, fails loudly on bad input, and is documented."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ragwarden.api.cli import main
+from ragwarden.policies import policy_file
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_CORPUS = REPO / "examples" / "demo" / "corpus.jsonl"
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def warehouse_args(tmp_path: Path) -> list[str]:
+    return ["--warehouse", str(tmp_path / "wh")]
+
+
+def all_commands(group: click.Group = main, prefix: str = "") -> list[tuple[str, click.Command]]:
+    found = []
+    for name, command in group.commands.items():
+        full = f"{prefix}{name}"
+        if isinstance(command, click.Group):
+            found += all_commands(command, f"{full} ")
+        else:
+            found.append((full, command))
+    return found
+
+
+@pytest.mark.parametrize(("name", "command"), all_commands())
+def test_every_command_takes_warehouse_and_policy_and_has_help(name, command):
+    options = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    assert {"--warehouse", "--policy"} <= options, name
+    assert command.help and len(command.help) > 20, f"{name} has no help text"
+
+
+@pytest.mark.parametrize("name", [name for name, _ in all_commands()])
+def test_every_command_is_documented_in_the_readme(name):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert re.search(rf"`ragwarden {re.escape(name)}\b", readme), f"README does not document `ragwarden {name}`"
+
+
+def test_ingest_then_search_as_json(runner, warehouse_args):
+    ingested = runner.invoke(main, ["ingest", str(DEMO_CORPUS), "--json", *warehouse_args])
+    assert ingested.exit_code == 0, ingested.output
+    assert json.loads(ingested.stdout)["documents"] == 32
+    args = ["search", "salary bands", "--as", "user:dave", "--tenant", "acme", "-k", "3", "--json"]
+    searched = runner.invoke(main, [*args, *warehouse_args, "--policy", str(policy_file("demo.csv"))])
+    assert searched.exit_code == 0, searched.output
+    hits = json.loads(searched.stdout)
+    assert len(hits) == 3
+    assert all(hit["classification"] in ("public", "internal") and not hit["labels"] for hit in hits)
+
+
+def test_search_without_any_policy_finds_nothing(runner, warehouse_args):
+    runner.invoke(main, ["ingest", str(DEMO_CORPUS), *warehouse_args])
+    result = runner.invoke(main, ["search", "press release", "--as", "user:dave", "--tenant", "acme", *warehouse_args])
+    assert result.exit_code == 0 and "no results" in result.stdout
+
+
+def test_ingest_exits_nonzero_when_an_input_is_rejected(runner, warehouse_args, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "text": "no acl here", "tenant": "acme", "classification": "public"}\n', encoding="utf-8")
+    result = runner.invoke(main, ["ingest", str(DEMO_CORPUS), str(bad), *warehouse_args])
+    assert result.exit_code == 1
+    assert f"rejected {bad}:1 (id 'x'): no ACL" in result.stderr
+    assert "32 documents written" in result.stdout and "1 rejected" in result.stdout
+
+
+def test_skip_invalid_lists_rejections_and_exits_zero(runner, warehouse_args, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n", encoding="utf-8")
+    result = runner.invoke(main, ["ingest", str(bad), "--skip-invalid", *warehouse_args])
+    assert result.exit_code == 0
+    assert "not valid JSON" in result.stderr
+
+
+def test_policy_check_accepts_the_demo_policy(runner):
+    result = runner.invoke(main, ["policy", "check", str(policy_file("demo.csv"))])
+    assert result.exit_code == 0 and "valid" in result.stdout
+
+
+def test_policy_check_names_the_bad_line(runner, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("# a comment\ng, user:alice, group:finance, acme\np, group:finance, acme, label:pii, read, maybe\n")
+    result = runner.invoke(main, ["policy", "check", str(bad)])
+    assert result.exit_code == 1
+    assert f"{bad}:3: effect 'maybe' is neither allow nor deny" in result.stderr
+
+
+def test_policy_install_makes_searches_use_it(runner, warehouse_args):
+    runner.invoke(main, ["ingest", str(DEMO_CORPUS), *warehouse_args])
+    installed = runner.invoke(main, ["policy", "install", str(policy_file("demo.csv")), *warehouse_args])
+    assert installed.exit_code == 0, installed.output
+    result = runner.invoke(main, ["search", "press release", "--as", "user:dave", "--tenant", "acme", "--json", *warehouse_args])
+    assert json.loads(result.stdout)
+
+
+def test_bad_search_arguments_exit_with_the_reason(runner, warehouse_args):
+    result = runner.invoke(main, ["search", "x", "--as", "alice", "--tenant", "acme", *warehouse_args])
+    assert result.exit_code == 1 and "not of the form user:NAME" in result.stderr
+
+
+def test_demo_shows_four_people_different_answers(runner, warehouse_args):
+    result = runner.invoke(main, ["demo", "--json", *warehouse_args])
+    assert result.exit_code == 0, result.output
+    demo = json.loads(result.stdout)
+    assert [p["subject"] for p in demo["people"]] == ["user:alice", "user:bob", "user:carol", "user:dave"]
+    for block in demo["questions"]:
+        answers = {tuple(h["doc_id"] for h in row["hits"]) for row in block["answers"]}
+        assert len(answers) >= 2, block["question"]
+    dave = [h for block in demo["questions"] for row in block["answers"] if row["subject"] == "user:dave" for h in row["hits"]]
+    assert all(h["classification"] in ("public", "internal") for h in dave)

@@ -1,0 +1,150 @@
+"""The writer: idempotent, atomic per document, tags inherited exactly, never re-embeds."""
+
+from __future__ import annotations
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ragwarden.config import Settings
+from ragwarden.embedder import Embedder
+from ragwarden.warehouse import Warehouse
+
+LONG = " ".join(f"Paragraph {i}: the budget for team {i % 7} grows by {i} percent next year." for i in range(120))
+
+
+class CountingEmbedder(Embedder):
+    """The real embedder, counting how many texts it was asked to encode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded = 0
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.encoded += len(texts)
+        return super().encode(texts)
+
+
+class FailingEmbedder(Embedder):
+    """The real embedder, failing whenever a text mentions the word 'explode'."""
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if any("explode" in t for t in texts):
+            raise RuntimeError("embedding failed")
+        return super().encode(texts)
+
+
+def chunk_rows(warehouse: Warehouse, doc_id: str) -> list[dict]:
+    return warehouse.store.chunks.search().where(f"doc_id = '{doc_id}'").limit(None).to_list()
+
+
+def test_chunks_table_has_the_design_columns_with_their_types(fresh_warehouse):
+    schema = fresh_warehouse.store.chunks.schema
+    expected = {
+        "chunk_id": pa.string(),
+        "doc_id": pa.string(),
+        "source_uri": pa.string(),
+        "doc_version": pa.string(),
+        "text": pa.string(),
+        "vector": pa.list_(pa.float32(), 384),
+        "tenant": pa.string(),
+        "acl_allow": pa.list_(pa.string()),
+        "acl_deny": pa.list_(pa.string()),
+        "labels": pa.list_(pa.string()),
+        "classification": pa.int8(),
+        "parents": pa.list_(pa.string()),
+        "ingest_run_id": pa.string(),
+        "embedding_model": pa.string(),
+        "created_at": pa.timestamp("us", tz="UTC"),
+    }
+    for name, arrow_type in expected.items():
+        assert schema.field(name).type == arrow_type, name
+    sources = set(fresh_warehouse.store.sources.schema.names)
+    assert {"doc_id", "uri", "doc_version", "tenant", "acl_allow", "labels", "classification", "ingested_at"} <= sources
+
+
+def test_every_chunk_inherits_its_documents_tags_exactly(fresh_warehouse, make_record):
+    record = make_record(
+        text=LONG, acl={"allow": ["group:finance", "user:zed"], "deny": ["user:bob"]}, labels=["finance", "pii"]
+    )
+    report = fresh_warehouse.ingest_records([record])
+    rows = chunk_rows(fresh_warehouse, "doc-1")
+    assert report.chunks == len(rows) > 1
+    for row in rows:
+        assert row["tenant"] == "acme"
+        assert row["acl_allow"] == ["group:finance", "user:zed"]
+        assert row["acl_deny"] == ["user:bob"]
+        assert row["labels"] == ["finance", "pii"]
+        assert row["classification"] == 1
+        assert row["parents"] == ["doc-1"]
+        assert row["ingest_run_id"] == report.run_id
+        assert row["embedding_model"].startswith("sentence-transformers/all-MiniLM-L6-v2")
+
+
+def test_reingesting_unchanged_documents_writes_nothing(fresh_warehouse, make_record):
+    records = [make_record(id=f"doc-{i}", text=f"Note {i}: {LONG[:300]}") for i in range(5)]
+    fresh_warehouse.ingest_records(records)
+    versions = (fresh_warehouse.store.chunks.version, fresh_warehouse.store.sources.version)
+    again = fresh_warehouse.ingest_records(records)
+    assert (again.documents, again.unchanged, again.chunks) == (0, 5, 0)
+    assert (fresh_warehouse.store.chunks.version, fresh_warehouse.store.sources.version) == versions
+
+
+def test_changed_document_replaces_its_chunks_so_no_version_shows_both_or_neither(fresh_warehouse, make_record):
+    fresh_warehouse.ingest_records([make_record(text=LONG)])
+    first = fresh_warehouse.store.chunks.version
+    fresh_warehouse.ingest_records([make_record(text=LONG.replace("budget", "forecast"))])
+    fresh_warehouse.ingest_records([make_record(text="A short third version.")])
+    db = lancedb.connect(fresh_warehouse.uri)
+    table = db.open_table("chunks")
+    seen_versions = set()
+    for version in range(first, fresh_warehouse.store.chunks.version + 1):
+        table.checkout(version)
+        doc_versions = {row["doc_version"] for row in table.search().where("doc_id = 'doc-1'").limit(None).to_list()}
+        assert len(doc_versions) == 1, f"table version {version} shows {len(doc_versions)} document versions"
+        seen_versions |= doc_versions
+    assert len(seen_versions) == 3
+    assert [r["text"] for r in chunk_rows(fresh_warehouse, "doc-1")] == ["A short third version."]
+
+
+def test_retagging_keeps_vectors_byte_identical_without_reembedding(tmp_path, make_record):
+    embedder = CountingEmbedder()
+    warehouse = Warehouse(Settings(warehouse=str(tmp_path / "wh")), embedder=embedder)
+    warehouse.ingest_records([make_record(text=LONG)])
+    before = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in chunk_rows(warehouse, "doc-1")}
+    encoded = embedder.encoded
+    report = warehouse.ingest_records([make_record(text=LONG, labels=["finance", "legal-hold"], classification="restricted")])
+    after = chunk_rows(warehouse, "doc-1")
+    assert report.documents == 1 and embedder.encoded == encoded
+    assert {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in after} == before
+    assert all(r["labels"] == ["finance", "legal-hold"] and r["classification"] == 3 for r in after)
+
+
+def test_a_document_whose_batch_fails_lands_not_at_all(tmp_path, make_record):
+    warehouse = Warehouse(Settings(warehouse=str(tmp_path / "wh"), write_batch_docs=2), embedder=FailingEmbedder())
+    records = [
+        make_record(id="a", text="first batch, fine"),
+        make_record(id="b", text="first batch, fine too"),
+        make_record(id="c", text=LONG),
+        make_record(id="d", text=LONG + " and then explode"),
+    ]
+    with pytest.raises(RuntimeError, match="embedding failed"):
+        warehouse.ingest_records(records)
+    assert sorted({r["doc_id"] for r in warehouse.store.chunks.search().limit(None).to_list()}) == ["a", "b"]
+    assert sorted(r["doc_id"] for r in warehouse.store.sources.search().limit(None).to_list()) == ["a", "b"]
+
+
+def test_an_id_used_in_another_tenant_is_rejected_and_left_alone(fresh_warehouse, make_record):
+    fresh_warehouse.ingest_records([make_record()])
+    report = fresh_warehouse.ingest_records([make_record(tenant="globex", text="Take over the id.")])
+    assert report.documents == 0
+    assert "already used in another tenant" in report.rejected[0].reason
+    assert {r["tenant"] for r in chunk_rows(fresh_warehouse, "doc-1")} == {"acme"}
+
+
+def test_duplicate_ids_in_one_run_are_rejected_after_the_first(fresh_warehouse, make_record):
+    report = fresh_warehouse.ingest_records([make_record(), make_record(text="second copy")])
+    assert report.documents == 1
+    assert "already appeared in this run at record 1" in report.rejected[0].reason
+    assert chunk_rows(fresh_warehouse, "doc-1")[0]["text"] == make_record()["text"]

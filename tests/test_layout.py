@@ -1,0 +1,56 @@
+"""The layout is the architecture: imports flow one way, and the public surface is declared."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ragwarden
+
+REPO = Path(__file__).resolve().parents[1]
+
+# subpackage -> ragwarden modules it must never import
+FORBIDDEN = {
+    "governance": ("ragwarden.ingest", "ragwarden.retrieval", "ragwarden.api", "ragwarden.store", "ragwarden.embedder", "ragwarden.warehouse"),
+    "ingest": ("ragwarden.retrieval", "ragwarden.api", "ragwarden.warehouse"),
+    "retrieval": ("ragwarden.ingest", "ragwarden.api", "ragwarden.warehouse"),
+}
+
+
+def ragwarden_imports(path: Path) -> set[str]:
+    """Absolute names of the ragwarden modules a file imports (relative imports resolved)."""
+    package = ["ragwarden", *path.parent.relative_to(REPO).parts]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {name for name in names if name.startswith("ragwarden")}
+
+
+@pytest.mark.parametrize("subpackage", sorted(FORBIDDEN))
+def test_imports_flow_one_way(subpackage):
+    for path in sorted((REPO / subpackage).rglob("*.py")):
+        imported = ragwarden_imports(path)
+        bad = sorted(name for name in imported for banned in FORBIDDEN[subpackage] if name == banned or name.startswith(banned + "."))
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_public_names_are_all_exported():
+    assert "open" in ragwarden.__all__
+    for name in ragwarden.__all__:
+        assert hasattr(ragwarden, name), name
+    assert all(issubclass(getattr(ragwarden, n), ragwarden.RagwardenError) for n in ragwarden.__all__ if n.endswith("Error"))
+
+
+def test_policies_and_demo_data_ship_with_the_package():
+    from ragwarden.policies import policy_file
+
+    assert "[matchers]" in policy_file("model.conf").read_text()
+    assert policy_file("demo.csv").is_file()

@@ -1,0 +1,106 @@
+"""The warehouse: ragwarden's face for Python callers, over the one place that holds all state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import Settings
+from .embedder import Embedder
+from .governance.policy import Policy
+from .ingest.pipeline import IngestReport, iter_sources, run_ingest
+from .ingest.records import record_outcome
+from .retrieval.hits import Hit
+from .retrieval.search import Searcher
+from .store import Store
+
+PathLike = str | Path
+
+
+class Warehouse:
+    """Ingest and governed search over one warehouse URI, under one policy.
+
+    The policy is the file given when opening, else the warehouse's own installed policy,
+    read afresh at each search so an installed change takes effect at once; with none at all
+    nothing is visible.
+    """
+
+    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
+        self.settings = settings
+        self.embedder = embedder or Embedder(batch_size=settings.embed_batch_size)
+        self.store = Store(settings.warehouse, dimension=self.embedder.dimension)
+        self._explicit_policy = Policy.from_file(settings.policy) if settings.policy else None
+        self._searcher = Searcher(self.store, self.embedder)
+        self._installed: tuple[int, Policy | None] = (-1, None)
+
+    @property
+    def uri(self) -> str:
+        return self.settings.warehouse
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy in force: the explicit one, else the latest installed, else None."""
+        if self._explicit_policy is not None:
+            return self._explicit_policy
+        version = self.store.policies.version
+        if self._installed[0] != version:
+            self._installed = (version, self.store.installed_policy())
+        return self._installed[1]
+
+    def install_policy(self, path: PathLike) -> Policy:
+        """Validate a policy file and make it the warehouse's own (versioned; old ones are kept)."""
+        policy = Policy.from_file(path)
+        self.store.install_policy(policy)
+        return policy
+
+    def ingest(
+        self,
+        paths: PathLike | Sequence[PathLike],
+        *,
+        manifest: PathLike | None = None,
+        acl_from: str | None = None,
+        tenant: str | None = None,
+        progress: bool | None = False,
+    ) -> IngestReport:
+        """Ingest files, folders and JSONL files; returns a report of what was written and refused."""
+        items = [paths] if isinstance(paths, str | Path) else list(paths)
+        outcomes = iter_sources(
+            items,
+            manifest=Path(manifest) if manifest else None,
+            acl_from=acl_from,
+            default_tenant=tenant,
+            max_bytes=self.settings.max_file_bytes,
+        )
+        return self._run(outcomes, progress)
+
+    def ingest_records(self, records: Iterable[Mapping[str, Any]], *, progress: bool | None = False) -> IngestReport:
+        """Ingest records given as dicts in the JSONL format of DESIGN §6."""
+        outcomes = (o for n, r in enumerate(records, start=1) for o in record_outcome(r, f"record {n}"))
+        return self._run(outcomes, progress)
+
+    def _run(self, outcomes: Iterable[Any], progress: bool | None) -> IngestReport:
+        return run_ingest(
+            outcomes,
+            store=self.store,
+            embedder=self.embedder,
+            overlap=self.settings.chunk_overlap,
+            batch_docs=self.settings.write_batch_docs,
+            progress=progress,
+        )
+
+    def search(self, query: str, *, subject: str, tenant: str, k: int = 10, mode: str = "vector") -> list[Hit]:
+        """The best ``k`` chunks ``subject`` may read in ``tenant`` (fewer only if fewer are visible)."""
+        return self._searcher.search(query, policy=self.policy, subject=subject, tenant=tenant, k=k, mode=mode)
+
+
+def open(  # noqa: A001 - the public name is fixed by the API
+    uri: str | None = None, policy: PathLike | None = None, *, settings: Settings | None = None
+) -> Warehouse:
+    """Open (creating if needed) the warehouse at ``uri`` (default: settings / ``RAGWARDEN_WAREHOUSE``)."""
+    changes: dict[str, object] = {}
+    if uri:
+        changes["warehouse"] = str(uri)
+    if policy:
+        changes["policy"] = str(policy)
+    return Warehouse((settings or Settings.from_env()).with_(**changes))
