@@ -48,6 +48,7 @@ SOURCES_SCHEMA = pa.schema(
         pa.field("tags_fingerprint", pa.string(), nullable=False),
         pa.field("acl_allow", _strings, nullable=False),
         pa.field("acl_deny", _strings, nullable=False),
+        pa.field("acl_clauses", _strings, nullable=False),
         pa.field("labels", _strings, nullable=False),
         pa.field("classification", pa.int8(), nullable=False),
         pa.field("chunk_count", pa.int32(), nullable=False),

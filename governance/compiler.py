@@ -52,12 +52,13 @@ def compile_filter(view: SubjectView, satisfied_clauses: frozenset[str]) -> str:
         f"tenant = {sql_string(view.tenant)}",
         f"array_has_any(acl_allow, {principals})",
         f"NOT array_has_any(acl_deny, {principals})",
+        "cardinality(acl_clauses) > 0",
         f"array_has_all({sql_list(satisfied_clauses)}, acl_clauses)" if satisfied_clauses else "FALSE",
         (
             f"(cardinality(labels) = 0 OR array_has_all({sql_list(view.cleared_labels)}, labels))"
             if view.cleared_labels
             else "cardinality(labels) = 0"
         ),
-        f"classification <= {int(view.clearance)}",
+        f"classification BETWEEN {int(Classification.PUBLIC)} AND {int(view.clearance)}",
     ]
     return " AND ".join(f"({term})" for term in terms)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +23,9 @@ from .tags import EVERYONE, Classification, label_problem, principal_problem, te
 
 OPERATIONS = frozenset({"ingest", "derive", "sync", "forget", "explain", "audit", "admin"})
 EFFECTS = frozenset({"allow", "deny"})
-MAX_ROLE_DEPTH = 10  # Casbin's default role hierarchy limit
-_TRAILING_COMMENT = re.compile(r"\s+#.*$")
+# Casbin's default hierarchy limit (10) resolves chains of at most 9 memberships; deeper ones
+# would be silently denied, so they are refused when the policy is loaded.
+MAX_ROLE_DEPTH = 9
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +58,25 @@ def _object_problem(obj: str, act: str) -> str | None:
     )
 
 
+def _strip_comment(line: str) -> str:
+    """Drop a ``#`` comment that starts the line or follows a space, outside double quotes."""
+    quoted = False
+    for index, char in enumerate(line):
+        if char == '"':
+            quoted = not quoted
+        elif char == "#" and not quoted and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line
+
+
+def _canonical(values: list[str]) -> list[str]:
+    """Write classification objects in the one spelling Casbin is asked for (lower case)."""
+    if len(values) > 2 and values[2].startswith("classification:"):
+        level = values[2].partition(":")[2]
+        values = [*values[:2], f"classification:{Classification.parse(level).label}", *values[3:]]
+    return values
+
+
 def _rule_problem(ptype: str, values: list[str]) -> str | None:
     if ptype == "p":
         if len(values) != 5:
@@ -88,11 +107,9 @@ def parse_rules(text: str, source: str = "<policy>") -> list[Rule]:
     """Parse and validate policy text; raise InvalidPolicyError naming the first bad line."""
     rules: list[Rule] = []
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+        line = _strip_comment(raw.strip())
+        if not line:
             continue
-        if '"' not in line:
-            line = _TRAILING_COMMENT.sub("", line)
         try:
             fields = next(csv.reader([line], skipinitialspace=True, strict=True))
         except csv.Error as exc:
@@ -101,7 +118,7 @@ def parse_rules(text: str, source: str = "<policy>") -> list[Rule]:
         problem = _rule_problem(fields[0], fields[1:])
         if problem:
             raise InvalidPolicyError(source, number, problem)
-        rules.append(Rule(ptype=fields[0], values=tuple(fields[1:]), line=number))
+        rules.append(Rule(ptype=fields[0], values=tuple(_canonical(fields[1:])), line=number))
     _check_role_graph(rules, source)
     return rules
 
@@ -192,7 +209,7 @@ class Policy:
     def text(self) -> str:
         """The rules as canonical CSV, suitable for storing and re-loading."""
         out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
+        writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
         for rule in self.rules:
             writer.writerow([rule.ptype, *rule.values])
         return out.getvalue()

@@ -7,6 +7,7 @@ they are data that later reaches SQL as quoted literals, so they are kept to pri
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -156,13 +157,18 @@ class GovernanceTags:
     def clause_tokens(self) -> list[str]:
         return sorted(self.clauses_by_token)
 
+    def row_columns(self) -> dict[str, object]:
+        """The tags as the warehouse tables store them, column by column."""
+        return {
+            "tenant": self.tenant,
+            "acl_allow": self.acl_allow,
+            "acl_deny": sorted(self.acl_deny),
+            "acl_clauses": self.clause_tokens,
+            "labels": sorted(self.labels),
+            "classification": int(self.classification),
+        }
+
     def fingerprint(self) -> str:
         """A hash that changes whenever any tag changes (used to notice re-tagging)."""
-        parts = [
-            self.tenant,
-            "|".join(sorted(clause_token(c) for c in self.acl_clauses)),
-            "|".join(sorted(self.acl_deny)),
-            "|".join(sorted(self.labels)),
-            str(int(self.classification)),
-        ]
-        return hashlib.sha256("\x1e".join(parts).encode("utf-8")).hexdigest()[:32]
+        canonical = json.dumps(self.row_columns(), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]

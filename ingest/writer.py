@@ -99,7 +99,6 @@ class DocumentWriter:
     def _chunk_row(
         self, record: SourceRecord, chunk: Chunk, cid: str, vectors: dict[str, list[float]], now: datetime
     ) -> dict[str, object]:
-        tags = record.tags
         return {
             "chunk_id": cid,
             "doc_id": record.doc_id,
@@ -109,12 +108,7 @@ class DocumentWriter:
             "position": chunk.position,
             "text": chunk.text,
             "vector": vectors[cid],
-            "tenant": tags.tenant,
-            "acl_allow": tags.acl_allow,
-            "acl_deny": sorted(tags.acl_deny),
-            "acl_clauses": tags.clause_tokens,
-            "labels": sorted(tags.labels),
-            "classification": int(tags.classification),
+            **record.tags.row_columns(),
             "parents": [record.doc_id],
             "ingest_run_id": self.run_id,
             "embedding_model": self.embedder.name,
@@ -122,17 +116,12 @@ class DocumentWriter:
         }
 
     def _source_row(self, record: SourceRecord, chunk_count: int, now: datetime) -> dict[str, object]:
-        tags = record.tags
         return {
             "doc_id": record.doc_id,
-            "tenant": tags.tenant,
             "uri": record.uri,
             "doc_version": record.version,
-            "tags_fingerprint": tags.fingerprint(),
-            "acl_allow": tags.acl_allow,
-            "acl_deny": sorted(tags.acl_deny),
-            "labels": sorted(tags.labels),
-            "classification": int(tags.classification),
+            "tags_fingerprint": record.tags.fingerprint(),
+            **record.tags.row_columns(),
             "chunk_count": chunk_count,
             "metadata": json.dumps(dict(record.metadata), sort_keys=True, default=str),
             "ingest_run_id": self.run_id,

@@ -35,12 +35,7 @@ def chunk_row(chunk_id: str, tags: GovernanceTags, **overrides: Any) -> dict[str
         "position": 0,
         "text": f"text of {chunk_id}",
         "vector": [0.0] * DIMENSION,
-        "tenant": tags.tenant,
-        "acl_allow": tags.acl_allow,
-        "acl_deny": sorted(tags.acl_deny),
-        "acl_clauses": tags.clause_tokens,
-        "labels": sorted(tags.labels),
-        "classification": int(tags.classification),
+        **tags.row_columns(),
         "parents": [],
         "ingest_run_id": "run-1",
         "embedding_model": "dummy",
@@ -70,7 +65,9 @@ def registry_of(tags: Iterable[GovernanceTags]) -> dict[str, list[str]]:
     return registry
 
 
-def visible_ids(table: Any, policy: Policy, subject: str, tenant: str, registry: Mapping[str, Sequence[str]]) -> set[str]:
+def visible_ids(
+    table: Any, policy: Policy, subject: str, tenant: str, registry: Mapping[str, Sequence[str]]
+) -> set[str]:
     """The chunk ids the compiled prefilter lets ``subject`` read in ``tenant``."""
     view = SubjectView.of(policy, subject, tenant)
     where = compile_filter(view, view.satisfied_clauses(registry))
@@ -83,21 +80,25 @@ def visible_ids(table: Any, policy: Policy, subject: str, tenant: str, registry:
 
 @pytest.fixture(scope="session")
 def make_row() -> Callable[..., dict[str, Any]]:
+    """Build a ``chunks`` row from tags: ``make_row(chunk_id, tags, **column_overrides)``."""
     return chunk_row
 
 
 @pytest.fixture(scope="session")
 def make_registry() -> Callable[[Iterable[GovernanceTags]], dict[str, list[str]]]:
+    """Build the clause registry (token -> principals) for an iterable of tags."""
     return registry_of
 
 
 @pytest.fixture(scope="session")
 def filtered_ids() -> Callable[..., set[str]]:
+    """Ids the compiled prefilter returns: ``filtered_ids(table, policy, subject, tenant, registry)``."""
     return visible_ids
 
 
 @pytest.fixture(scope="session")
 def nullable_schema() -> pa.Schema:
+    """The ``chunks`` schema with every column and list element nullable."""
     return nullable_chunks_schema()
 
 
@@ -141,9 +142,9 @@ def quoted_values_policy() -> Policy:
 
 
 @pytest.fixture
-def ten_deep_chain_policy() -> Policy:
+def nine_deep_chain_policy() -> Policy:
     """user:deep reaches group:level10 through 10 nested memberships; level10 reads label deep."""
-    return Policy.from_file(POLICIES / "chain_10.csv")
+    return Policy.from_file(POLICIES / "chain_9.csv")
 
 
 @pytest.fixture
