@@ -94,31 +94,22 @@ class Store:
 
     # -- documents ------------------------------------------------------------------------
 
+    @staticmethod
+    def _rows_where_in(table: Any, column: str, values: Iterable[str], columns: list[str]) -> list[dict[str, Any]]:
+        """Rows whose ``column`` is one of ``values`` (quoted as data), with ``columns`` only."""
+        wanted = sorted(set(values))
+        if not wanted:
+            return []
+        return table.search().where(f"{column} IN {sql_in_list(wanted)}").select(columns).limit(None).to_list()
+
     def source_states(self, doc_ids: Iterable[str]) -> dict[str, SourceState]:
-        ids = sorted(set(doc_ids))
-        if not ids:
-            return {}
-        rows = (
-            self.sources.search()
-            .where(f"doc_id IN {sql_in_list(ids)}")
-            .select(["doc_id", "tenant", "doc_version", "tags_fingerprint"])
-            .limit(None)
-            .to_list()
-        )
-        return {row["doc_id"]: SourceState(**{k: row[k] for k in SourceState.__dataclass_fields__}) for row in rows}
+        fields = list(SourceState.__dataclass_fields__)
+        rows = self._rows_where_in(self.sources, "doc_id", doc_ids, fields)
+        return {row["doc_id"]: SourceState(**{k: row[k] for k in fields}) for row in rows}
 
     def vectors_of(self, chunk_ids: Iterable[str]) -> dict[str, list[float]]:
         """Stored vectors of chunks that already exist, so unchanged text is never re-embedded."""
-        ids = sorted(set(chunk_ids))
-        if not ids:
-            return {}
-        rows = (
-            self.chunks.search()
-            .where(f"chunk_id IN {sql_in_list(ids)}")
-            .select(["chunk_id", "vector"])
-            .limit(None)
-            .to_list()
-        )
+        rows = self._rows_where_in(self.chunks, "chunk_id", chunk_ids, ["chunk_id", "vector"])
         return {row["chunk_id"]: row["vector"] for row in rows}
 
     def replace_documents(self, doc_ids: list[str], chunk_rows: pa.Table, source_rows: pa.Table) -> None:

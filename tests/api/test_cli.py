@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -110,6 +112,22 @@ def test_policy_install_makes_searches_use_it(runner, warehouse_args):
 def test_bad_search_arguments_exit_with_the_reason(runner, warehouse_args):
     result = runner.invoke(main, ["search", "x", "--as", "alice", "--tenant", "acme", *warehouse_args])
     assert result.exit_code == 1 and "not of the form user:NAME" in result.stderr
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "ragwarden"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0 and "search" in result.stdout
+
+
+def test_demo_runs_with_no_arguments_on_the_embedded_default(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAGWARDEN_WAREHOUSE", raising=False)
+    monkeypatch.delenv("RAGWARDEN_POLICY", raising=False)
+    result = runner.invoke(main, ["demo"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / ".ragwarden" / "chunks.lance").is_dir()
+    assert "Dave, new intern" in result.stdout and "why:" in result.stdout
 
 
 def test_demo_shows_four_people_different_answers(runner, warehouse_args):
