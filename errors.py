@@ -9,6 +9,7 @@ with which input and what to do about it. The HTTP layer maps each class to one 
     ├── PolicyError               the policy cannot be loaded
     │   └── InvalidPolicyError    a policy file has a bad line (named, with its number)
     ├── InvalidRequestError       a search or operation was asked for with bad arguments
+    ├── NotFoundError             no such item visible to the caller (missing and forbidden look alike)
     └── WarehouseError            the warehouse is missing, damaged or inconsistent
 """
 
@@ -19,6 +20,7 @@ __all__ = [
     "InvalidPolicyError",
     "InvalidRequestError",
     "InvalidSourceError",
+    "NotFoundError",
     "PolicyError",
     "RagwardenError",
     "WarehouseError",
@@ -58,6 +60,10 @@ class InvalidPolicyError(PolicyError):
 
 class InvalidRequestError(RagwardenError):
     """A request carried an argument out of range or of the wrong form."""
+
+
+class NotFoundError(RagwardenError):
+    """No such item is visible to the caller; deliberately the same whether it is missing or forbidden."""
 
 
 class WarehouseError(RagwardenError):

@@ -9,6 +9,8 @@ SOURCES = "sources"
 CLAUSES = "acl_clauses"
 POLICIES = "policies"
 
+TAG_COLUMNS = ("tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification")
+
 _strings = pa.list_(pa.string())
 _timestamp = pa.timestamp("us", tz="UTC")
 

@@ -19,8 +19,18 @@ from lancedb.index import FTS
 
 from .errors import WarehouseError
 from .governance.policy import Policy
-from .governance.sql import sql_in_list
-from .schema import CHUNKS, CLAUSES, CLAUSES_SCHEMA, POLICIES, POLICIES_SCHEMA, SOURCES, SOURCES_SCHEMA, chunks_schema
+from .governance.sql import sql_in_list, sql_list, sql_string
+from .schema import (
+    CHUNKS,
+    CLAUSES,
+    CLAUSES_SCHEMA,
+    POLICIES,
+    POLICIES_SCHEMA,
+    SOURCES,
+    SOURCES_SCHEMA,
+    TAG_COLUMNS,
+    chunks_schema,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +139,80 @@ class Store:
         if source_rows.num_rows:
             self.sources.merge_insert("doc_id").when_matched_update_all().when_not_matched_insert_all().execute(
                 source_rows
+            )
+
+    def rows(self, chunk_ids: Iterable[str], columns: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Rows by chunk id (all columns unless ``columns``); ids not present are simply absent."""
+        wanted = columns or [f for f in self.chunks.schema.names if f != "vector"]
+        return {r["chunk_id"]: r for r in self._rows_where_in(self.chunks, "chunk_id", chunk_ids, wanted)}
+
+    def chunk_ids_of(self, doc_id: str) -> list[str]:
+        rows = self._rows_where_in(self.chunks, "doc_id", [doc_id], ["chunk_id"])
+        return sorted(r["chunk_id"] for r in rows)
+
+    def derived_from(self, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Every row derived, directly or through other derived rows, from ``chunk_ids``."""
+        found: dict[str, dict[str, Any]] = {}
+        frontier = sorted(set(chunk_ids))
+        columns = [f for f in self.chunks.schema.names if f != "vector"]
+        while frontier:
+            rows = (
+                self.chunks.search()
+                .where(f"array_has_any(parents, {sql_list(frontier)})")
+                .select(columns)
+                .limit(None)
+                .to_list()
+            )
+            frontier = sorted({r["chunk_id"] for r in rows} - found.keys())
+            found.update((r["chunk_id"], r) for r in rows)
+        return found
+
+    def add_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Insert new rows (a derived row); an id already present is left as it is."""
+        table = pa.Table.from_pylist(rows, schema=self.chunks.schema)
+        self.chunks.merge_insert("chunk_id").when_not_matched_insert_all().execute(table)
+
+    def update_tags(self, rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> None:
+        """Rewrite governance columns of existing rows in one commit; vectors and text untouched."""
+        if rows:
+            columns = ["chunk_id", *TAG_COLUMNS]
+            schema = pa.schema([self.chunks.schema.field(c) for c in columns])
+            table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in rows], schema=schema)
+            self.chunks.merge_insert("chunk_id").when_matched_update_all().execute(table)
+        if sources:
+            columns = ["doc_id", "tags_fingerprint", *TAG_COLUMNS]
+            schema = pa.schema([self.sources.schema.field(c) for c in columns])
+            table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in sources], schema=schema)
+            self.sources.merge_insert("doc_id").when_matched_update_all().execute(table)
+
+    def delete(self, chunk_ids: Iterable[str], doc_id: str) -> None:
+        """Delete rows, then their source record: no row ever outlives the record of where it came from."""
+        ids = sorted(set(chunk_ids))
+        if ids:
+            self.chunks.delete(f"chunk_id IN {sql_in_list(ids)}")
+        self.sources.delete(f"doc_id = {sql_string(doc_id)}")
+
+    def purge_history(self) -> dict[str, int]:
+        """Physically remove deleted rows: rewrite files holding them, rebuild the text index,
+        and drop every old table version, so erased text is in no file under the warehouse."""
+        removed: dict[str, int] = {}
+        for name, table in ((CHUNKS, self.chunks), (SOURCES, self.sources)):
+            table.to_lance().optimize.compact_files(materialize_deletions_threshold=0.0)
+            table.checkout_latest()
+            if name == CHUNKS and any(index.index_type == "FTS" for index in table.list_indices()):
+                table.create_index("text", config=FTS(), replace=True)
+            stats = table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+            removed[name] = int(stats.old_versions)
+        return removed
+
+    def require_version(self, min_version: int | None) -> None:
+        """Refuse to serve from a ``chunks`` table older than ``min_version``."""
+        if min_version is None or self.chunks.version >= min_version:
+            return
+        self.chunks.checkout_latest()
+        if self.chunks.version < min_version:
+            raise WarehouseError(
+                f"chunks table is at version {self.chunks.version}, older than the {min_version} asked for; retry shortly"
             )
 
     def ensure_text_index(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 from .config import Settings
 from .embedder import Embedder
 from .governance.policy import Policy
+from .errors import InvalidSourceError
+from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import record_outcome
 from .retrieval.hits import Hit
@@ -32,6 +35,7 @@ class Warehouse:
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension)
         self._explicit_policy = Policy.from_file(settings.policy) if settings.policy else None
         self._searcher = Searcher(self.store, self.embedder)
+        self._lifecycle = Lifecycle(self.store, self.embedder)
         self._installed: tuple[int, Policy | None] = (-1, None)
 
     @property
@@ -89,9 +93,52 @@ class Warehouse:
             progress=progress,
         )
 
-    def search(self, query: str, *, subject: str, tenant: str, k: int = 10, mode: str = "vector") -> list[Hit]:
-        """The best ``k`` chunks ``subject`` may read in ``tenant`` (fewer only if fewer are visible)."""
+    def search(
+        self, query: str, *, subject: str, tenant: str, k: int = 10, mode: str = "vector", min_version: int | None = None
+    ) -> list[Hit]:
+        """The best ``k`` chunks ``subject`` may read in ``tenant`` (fewer only if fewer are visible).
+
+        ``min_version``: refuse to answer from a table older than this version (read-your-writes).
+        """
+        self.store.require_version(min_version)
         return self._searcher.search(query, policy=self.policy, subject=subject, tenant=tenant, k=k, mode=mode)
+
+    def derive(
+        self, text: str, *, parents: Sequence[str], subject: str, tenant: str, kind: str = "summary"
+    ) -> DerivedRow:
+        """Save ``text`` (a summary, note or agent memory) derived from chunks ``subject`` may read.
+
+        The new row is visible only to whoever could read every parent; a parent the subject
+        cannot read is refused exactly as a missing one is (``NotFoundError``).
+        """
+        return self._lifecycle.derive(text, parents=parents, policy=self.policy, subject=subject, tenant=tenant, kind=kind)
+
+    def sync(self, records: PathLike | Iterable[Mapping[str, Any]]) -> SyncReport:
+        """Apply changed ACLs, labels or classifications (JSONL records, or a JSONL file) to the
+        documents' chunks and to every row derived from them, without re-embedding."""
+        if isinstance(records, str | Path):
+            records = _read_sync_file(Path(records))
+        return self._lifecycle.sync(records)
+
+    def forget(self, doc_id: str, *, reason: str) -> ForgetReport:
+        """Erase a document and everything derived from it, and purge it from old versions."""
+        return self._lifecycle.forget(doc_id, reason=reason)
+
+
+def _read_sync_file(path: Path) -> list[dict[str, Any]]:
+    """Sync records of a JSONL file; a malformed line stops the sync before anything changes."""
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSourceError(str(path), f"cannot read: {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InvalidSourceError(f"{path}:{number}", f"not valid JSON ({exc.msg})") from None
+    return records
 
 
 def open(  # noqa: A001 - the public name is fixed by the API

@@ -10,8 +10,10 @@ import hashlib
 import json
 import re
 import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 EVERYONE = "everyone"
 MAX_NAME_LENGTH = 256
@@ -141,6 +143,23 @@ class GovernanceTags:
             acl_deny=frozenset(deny),
             labels=frozenset(labels),
             classification=Classification.parse(classification),
+        )
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], clauses: Mapping[str, Sequence[str]]) -> GovernanceTags:
+        """Tags of a stored row, its clause tokens resolved through the clause registry.
+
+        Raises ValueError if the row cannot be evaluated (a token unknown to the registry).
+        """
+        unknown = [t for t in row["acl_clauses"] if t not in clauses]
+        if unknown:
+            raise ValueError(f"ACL clause {unknown[0]} is unknown")
+        return cls(
+            tenant=row["tenant"],
+            acl_clauses=tuple(frozenset(clauses[t]) for t in row["acl_clauses"]),
+            acl_deny=frozenset(row["acl_deny"]),
+            labels=frozenset(row["labels"]),
+            classification=Classification(int(row["classification"])),
         )
 
     @property

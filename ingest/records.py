@@ -19,6 +19,7 @@ from ..errors import InvalidSourceError
 from ..governance.tags import GovernanceTags
 
 MAX_ID_LENGTH = 512
+RECORD_FIELDS = frozenset({"id", "text", "tenant", "acl", "labels", "classification", "uri", "metadata"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +66,29 @@ def _string_list(value: object, what: str) -> list[str]:
     return value
 
 
+def parse_tags(*, tenant: object, acl: object, labels: object, classification: object) -> GovernanceTags:
+    """A source's governance from its JSON fields; ValueError says what is wrong (fail closed)."""
+    if acl is None:
+        raise ValueError("no ACL; every source needs acl.allow (fail closed)")
+    if not isinstance(acl, Mapping):
+        raise ValueError(f"acl must be an object with allow and deny lists, not {type(acl).__name__}")
+    unknown = set(acl) - {"allow", "deny"}
+    if unknown:
+        raise ValueError(f"acl has unknown keys {sorted(unknown)}; use allow and deny")
+    allow = _string_list(acl.get("allow"), "acl.allow")
+    if not allow:
+        raise ValueError("acl.allow is empty, so nobody could read it; name at least one principal")
+    if classification is None:
+        raise ValueError("no classification; use public, internal, confidential or restricted")
+    return GovernanceTags.for_source(
+        tenant=tenant,  # type: ignore[arg-type]
+        allow=allow,
+        deny=_string_list(acl.get("deny"), "acl.deny"),
+        labels=_string_list(labels, "labels"),
+        classification=classification,
+    )
+
+
 def build_record(
     *,
     doc_id: object,
@@ -86,29 +110,11 @@ def build_record(
             raise ValueError(f"id {doc_id!r} must be printable text of 1 to {MAX_ID_LENGTH} characters")
         if not isinstance(text, str):
             raise ValueError(f"text must be a string, not {type(text).__name__}")
-        if acl is None:
-            raise ValueError("no ACL; every source needs acl.allow (fail closed)")
-        if not isinstance(acl, Mapping):
-            raise ValueError(f"acl must be an object with allow and deny lists, not {type(acl).__name__}")
-        unknown = set(acl) - {"allow", "deny"}
-        if unknown:
-            raise ValueError(f"acl has unknown keys {sorted(unknown)}; use allow and deny")
-        allow = _string_list(acl.get("allow"), "acl.allow")
-        if not allow:
-            raise ValueError("acl.allow is empty, so nobody could read it; name at least one principal")
-        if classification is None:
-            raise ValueError("no classification; use public, internal, confidential or restricted")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValueError(f"metadata must be an object, not {type(metadata).__name__}")
         if uri is not None and not isinstance(uri, str):
             raise ValueError(f"uri must be a string, not {type(uri).__name__}")
-        tags = GovernanceTags.for_source(
-            tenant=tenant,  # type: ignore[arg-type]
-            allow=allow,
-            deny=_string_list(acl.get("deny"), "acl.deny"),
-            labels=_string_list(labels, "labels"),
-            classification=classification,
-        )
+        tags = parse_tags(tenant=tenant, acl=acl, labels=labels, classification=classification)
     except ValueError as exc:
         raise InvalidSourceError(origin, str(exc)) from None
     if not text.strip():
@@ -149,7 +155,7 @@ def read_jsonl(path: Path) -> Iterator[Outcome]:
 
 def record_outcome(obj: Mapping[str, Any], origin: str) -> Iterator[Outcome]:
     """The outcome of one JSONL-shaped object (DESIGN §6), errors turned into ``Rejected``."""
-    unknown = set(obj) - {"id", "text", "tenant", "acl", "labels", "classification", "uri", "metadata"}
+    unknown = set(obj) - RECORD_FIELDS
     if unknown:
         yield Rejected(source=origin, reason=f"unknown fields {sorted(unknown)}")
         return

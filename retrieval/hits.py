@@ -21,6 +21,10 @@ class Hit:
     doc_version: str
     position: int | None
     reason: str
+    kind: str = "chunk"
+    parents: tuple[str, ...] = ()
+    table_version: int = 0
+    policy_version: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -34,4 +38,8 @@ class Hit:
             "doc_version": self.doc_version,
             "position": self.position,
             "reason": self.reason,
+            "kind": self.kind,
+            "parents": list(self.parents),
+            "table_version": self.table_version,
+            "policy_version": self.policy_version,
         }

@@ -31,7 +31,7 @@ MAX_K = 1000
 MAX_QUERY_CHARS = 8192
 HYBRID_CANDIDATES = 50
 _COLUMNS = [
-    "chunk_id", "doc_id", "source_uri", "text", "tenant", "acl_allow", "acl_deny",
+    "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
     "acl_clauses", "labels", "classification", "doc_version", "position",
 ]  # fmt: skip
 
@@ -100,13 +100,19 @@ class Searcher:
         if policy is None:
             return []  # no policy at all: nothing is visible
         where = self.compiled_filter(policy, subject, tenant)
+        for _ in range(3):  # the version read before and after must agree, so hits can name it
+            version = self.store.chunks.version
+            ranked = self._ranked(query, where, k, mode)
+            if self.store.chunks.version == version:
+                break
+        return self._post_check(ranked, policy, subject, tenant, version)
+
+    def _ranked(self, query: str, where: str, k: int, mode: str) -> list[tuple[dict[str, Any], float]]:
         if mode == "vector":
-            ranked = [(row, 1.0 - float(row["_distance"])) for row in self._vector(query, where, k)]
-        elif mode == "fts":
-            ranked = [(row, float(row["_score"])) for row in self._fts(query, where, k)]
-        else:
-            ranked = self._hybrid(query, where, k)
-        return self._post_check(ranked, policy, subject, tenant)
+            return [(row, 1.0 - float(row["_distance"])) for row in self._vector(query, where, k)]
+        if mode == "fts":
+            return [(row, float(row["_score"])) for row in self._fts(query, where, k)]
+        return self._hybrid(query, where, k)
 
     def _vector(self, query: str, where: str, limit: int) -> list[dict[str, Any]]:
         vector = self.embedder.encode([query])[0]
@@ -139,7 +145,7 @@ class Searcher:
         return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]
 
     def _post_check(
-        self, ranked: list[tuple[dict[str, Any], float]], policy: Policy, subject: str, tenant: str
+        self, ranked: list[tuple[dict[str, Any], float]], policy: Policy, subject: str, tenant: str, version: int
     ) -> list[Hit]:
         registry = self.store.clause_registry()
         hits: list[Hit] = []
@@ -157,9 +163,13 @@ class Searcher:
                     score=score,
                     labels=tuple(row["labels"]),
                     classification=Classification(row["classification"]),
+                    kind=row["kind"],
+                    parents=tuple(row["parents"]),
                     doc_version=row["doc_version"],
                     position=row["position"],
                     reason=decision.reason,
+                    table_version=version,
+                    policy_version=policy.version,
                 )
             )
         return hits

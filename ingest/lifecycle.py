@@ -1,0 +1,223 @@
+"""The governance lifecycle after ingest: derive new rows, sync changed tags, forget a source.
+
+Each keeps DESIGN §4 true at every commit: a derived row carries its parents' tags conjoined,
+a tag change reaches every row derived from the source in the same commit, and an erased
+source leaves no row, no old version and no index file holding its text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ..embedder import Embedder
+from ..errors import InvalidRequestError, InvalidSourceError, NotFoundError
+from ..governance.policy import Policy
+from ..governance.propagation import propagate
+from ..governance.tags import GovernanceTags
+from ..governance.visibility import check_row
+from ..store import Store
+from .records import MAX_ID_LENGTH, RECORD_FIELDS, parse_tags
+
+DERIVED_KINDS = ("summary", "note", "memory")
+MAX_DERIVED_CHARS = 32_768
+
+
+@dataclass(frozen=True, kw_only=True)
+class DerivedRow:
+    """A row written by ``derive``: its id, its parents and the tags it got from them."""
+
+    chunk_id: str
+    kind: str
+    parents: tuple[str, ...]
+    tags: GovernanceTags
+    table_version: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncReport:
+    """What ``sync`` re-tagged: documents, their chunks and the rows derived from them."""
+
+    documents: tuple[str, ...]
+    chunks: int
+    derived: int
+    table_version: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForgetReport:
+    """What ``forget`` erased, and how many old table versions the purge removed."""
+
+    doc_id: str
+    reason: str
+    chunks: int
+    derived: int
+    versions_purged: Mapping[str, int]
+
+
+def derived_id(kind: str, parents: Sequence[str], text: str) -> str:
+    digest = hashlib.sha256(json.dumps([kind, sorted(parents), text]).encode("utf-8"))
+    return "d" + digest.hexdigest()[:31]
+
+
+class Lifecycle:
+    """derive, sync and forget over one store."""
+
+    def __init__(self, store: Store, embedder: Embedder) -> None:
+        self.store = store
+        self.embedder = embedder
+
+    # -- derive -------------------------------------------------------------------------------
+
+    def derive(
+        self,
+        text: str,
+        *,
+        parents: Sequence[str],
+        policy: Policy | None,
+        subject: str,
+        tenant: str,
+        kind: str = "summary",
+        run_id: str | None = None,
+    ) -> DerivedRow:
+        """Write ``text`` as a row derived from ``parents``, tagged by the propagation rule.
+
+        A parent the caller may not read is refused exactly as a missing one is.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequestError("text is empty; pass the summary or note to save")
+        if len(text) > MAX_DERIVED_CHARS:
+            raise InvalidRequestError(f"text is {len(text)} characters; the limit is {MAX_DERIVED_CHARS}")
+        if kind not in DERIVED_KINDS:
+            raise InvalidRequestError(f"kind {kind!r} is not one of {', '.join(DERIVED_KINDS)}")
+        if isinstance(parents, str) or not parents or not all(isinstance(p, str) and p for p in parents):
+            raise InvalidRequestError("parents must be a non-empty list of chunk ids")
+        rows = self.store.rows(parents)
+        registry = self.store.clause_registry()
+        for parent in parents:
+            row = rows.get(parent)
+            if policy is None or row is None or not check_row(policy, subject, tenant, row, registry).allowed:
+                raise NotFoundError(f"chunk {parent!r} not found")
+        tags = propagate([GovernanceTags.from_row(rows[p], registry) for p in dict.fromkeys(parents)])
+        chunk_id = derived_id(kind, parents, text)
+        self.store.register_clauses(tags.clauses_by_token)
+        row = {
+            "chunk_id": chunk_id,
+            "doc_id": chunk_id,
+            "source_uri": f"derived:{chunk_id}",
+            "doc_version": hashlib.sha256(text.encode("utf-8")).hexdigest()[:32],
+            "kind": kind,
+            "position": 0,
+            "text": text,
+            "vector": self.embedder.encode([text])[0].tolist(),
+            **tags.row_columns(),
+            "parents": sorted(set(parents)),
+            "ingest_run_id": run_id,
+            "embedding_model": self.embedder.name,
+            "created_at": datetime.now(timezone.utc),
+        }
+        self.store.add_rows([row])
+        return DerivedRow(
+            chunk_id=chunk_id,
+            kind=kind,
+            parents=tuple(row["parents"]),
+            tags=tags,
+            table_version=self.store.chunks.version,
+        )
+
+    # -- sync ---------------------------------------------------------------------------------
+
+    def sync(self, records: Iterable[Mapping[str, Any]]) -> SyncReport:
+        """Re-tag documents, their chunks and every row derived from them, in one commit.
+
+        Vectors and text are not touched; the next search sees the new tags on every row.
+        """
+        changes = [_sync_change(record, f"record {n}") for n, record in enumerate(records, start=1)]
+        states = self.store.source_states(doc_id for doc_id, _ in changes)
+        for doc_id, tags in changes:
+            state = states.get(doc_id)
+            if state is None or state.tenant != tags.tenant:
+                raise NotFoundError(f"document {doc_id!r} not found in tenant {tags.tenant!r}")
+        for _, tags in changes:
+            self.store.register_clauses(tags.clauses_by_token)
+        registry = self.store.clause_registry()
+        updated: dict[str, dict[str, Any]] = {}
+        for doc_id, tags in changes:
+            for chunk_id, row in self.store.rows(self.store.chunk_ids_of(doc_id)).items():
+                updated[chunk_id] = {**row, **tags.row_columns()}
+        chunks = len(updated)
+        derived = self.store.derived_from(updated)
+        for chunk_id in _parents_first(derived):
+            row = derived[chunk_id]
+            parent_rows = [updated.get(p) or self.store.rows([p]).get(p) for p in row["parents"]]
+            if any(parent is None for parent in parent_rows):
+                continue  # a parent was forgotten; forget removes this row too
+            parent_tags = [GovernanceTags.from_row(parent, registry) for parent in parent_rows if parent]
+            updated[chunk_id] = {**row, **propagate(parent_tags).row_columns()}
+        sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
+        self.store.update_tags(list(updated.values()), sources)
+        return SyncReport(
+            documents=tuple(doc_id for doc_id, _ in changes),
+            chunks=chunks,
+            derived=len(updated) - chunks,
+            table_version=self.store.chunks.version,
+        )
+
+    # -- forget -------------------------------------------------------------------------------
+
+    def forget(self, doc_id: str, *, reason: str) -> ForgetReport:
+        """Erase a source and everything derived from it, then purge old versions and index files."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidRequestError("a reason is required to forget a document (it goes into the audit receipt)")
+        chunk_ids = self.store.chunk_ids_of(doc_id)
+        if not chunk_ids and not self.store.source_states([doc_id]):
+            raise NotFoundError(f"document {doc_id!r} not found")
+        derived = self.store.derived_from(chunk_ids)
+        self.store.delete([*chunk_ids, *derived], doc_id)
+        purged = self.store.purge_history()
+        return ForgetReport(doc_id=doc_id, reason=reason, chunks=len(chunk_ids), derived=len(derived), versions_purged=purged)
+
+
+def _sync_change(record: Mapping[str, Any], origin: str) -> tuple[str, GovernanceTags]:
+    """(doc id, new tags) of one sync record, in the JSONL shape; text, if present, is ignored."""
+    try:
+        if not isinstance(record, Mapping):
+            raise ValueError(f"a sync record must be an object, not {type(record).__name__}")
+        doc_id = record.get("id")
+        if not isinstance(doc_id, str) or not doc_id or len(doc_id) > MAX_ID_LENGTH:
+            raise ValueError(f"id {doc_id!r} must be text of 1 to {MAX_ID_LENGTH} characters")
+        unknown = set(record) - RECORD_FIELDS
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}")
+        tags = parse_tags(
+            tenant=record.get("tenant"),
+            acl=record.get("acl"),
+            labels=record.get("labels"),
+            classification=record.get("classification"),
+        )
+    except ValueError as exc:
+        raise InvalidSourceError(origin, str(exc)) from None
+    return doc_id, tags
+
+
+def _parents_first(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Derived row ids ordered so every row comes after those of its parents that are derived too."""
+    ordered: list[str] = []
+    seen: set[str] = set()
+
+    def visit(chunk_id: str) -> None:
+        if chunk_id in seen:
+            return
+        seen.add(chunk_id)
+        for parent in rows[chunk_id]["parents"]:
+            if parent in rows:
+                visit(parent)
+        ordered.append(chunk_id)
+
+    for chunk_id in sorted(rows):
+        visit(chunk_id)
+    return ordered

@@ -1,0 +1,141 @@
+"""derive, sync and forget: tags follow lineage, changes reach every derived row, erasure is physical."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragwarden.errors import InvalidRequestError, NotFoundError, WarehouseError
+from ragwarden.warehouse import Warehouse
+
+SENTINEL = "Zqxv-SENTINEL-7731-wombat"
+
+
+def doc(doc_id: str, text: str, allow: list[str], labels: list[str] = (), level: str = "internal", deny=()) -> dict:
+    return {
+        "id": doc_id,
+        "text": text,
+        "tenant": "acme",
+        "acl": {"allow": list(allow), "deny": list(deny)},
+        "labels": list(labels),
+        "classification": level,
+    }
+
+
+@pytest.fixture
+def lifecycle_warehouse(demo_policy_warehouse: Warehouse) -> Warehouse:
+    """Demo policy; a finance report (alice), a staff note (alice, bob, dave), a legal memo (carol)."""
+    demo_policy_warehouse.ingest_records(
+        [
+            doc("fin", "Q3 revenue grew eleven percent on hardware sales.", ["group:finance"], ["finance"], "confidential"),
+            doc("staff", "The office closes early on Friday for the summer party.", ["group:staff"]),
+            doc("legal", "The litigation hold on the Ruiz matter stays in force.", ["group:legal"], ["legal"], "confidential"),
+        ]
+    )
+    return demo_policy_warehouse
+
+
+def chunk_of(warehouse: Warehouse, doc_id: str) -> str:
+    (chunk_id,) = warehouse.store.chunk_ids_of(doc_id)
+    return chunk_id
+
+
+def visible_ids(warehouse: Warehouse, subject: str, query: str = "summary of revenue and the office") -> set[str]:
+    return {h.chunk_id for h in warehouse.search(query, subject=subject, tenant="acme", k=50)}
+
+
+def test_a_derived_row_is_visible_only_to_who_could_read_every_parent(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    parents = [chunk_of(wh, "fin"), chunk_of(wh, "staff")]
+    row = wh.derive("Revenue up; office closes early Friday.", parents=parents, subject="user:alice", tenant="acme")
+    assert row.tags.labels == frozenset({"finance"})
+    assert int(row.tags.classification) == 2 and len(row.tags.acl_clauses) == 2
+    assert row.chunk_id in visible_ids(wh, "user:alice")
+    assert row.chunk_id not in visible_ids(wh, "user:dave")  # sees the staff note, not the finance report
+    assert row.chunk_id not in visible_ids(wh, "user:carol")
+    stored = wh.store.rows([row.chunk_id])[row.chunk_id]
+    assert (stored["kind"], stored["parents"]) == ("summary", sorted(parents))
+
+
+def test_deriving_from_an_invisible_parent_is_refused_like_a_missing_one(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    with pytest.raises(NotFoundError) as invisible:
+        wh.derive("note", parents=[chunk_of(wh, "staff"), chunk_of(wh, "legal")], subject="user:dave", tenant="acme")
+    with pytest.raises(NotFoundError) as missing:
+        wh.derive("note", parents=[chunk_of(wh, "staff"), "no-such-chunk"], subject="user:dave", tenant="acme")
+    assert str(invisible.value).replace(chunk_of(wh, "legal"), "X") == str(missing.value).replace("no-such-chunk", "X")
+    with pytest.raises(NotFoundError):
+        wh.derive("note", parents=[chunk_of(wh, "staff")], subject="user:erin", tenant="globex")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"text": " "}, "text is empty"), ({"kind": "essay"}, "kind 'essay'"), ({"parents": []}, "parents must be")],
+)
+def test_bad_derive_arguments_are_refused(lifecycle_warehouse, kwargs, message):
+    args = {"text": "note", "parents": [chunk_of(lifecycle_warehouse, "staff")], "subject": "user:dave", "tenant": "acme"}
+    with pytest.raises(InvalidRequestError, match=message):
+        lifecycle_warehouse.derive(**(args | kwargs))
+
+
+def test_sync_retags_chunks_and_derived_rows_transitively_without_reembedding(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    summary = wh.derive("Staff summary: early Friday.", parents=[chunk_of(wh, "staff")], subject="user:dave", tenant="acme")
+    memory = wh.derive("Dave remembers: Friday.", parents=[summary.chunk_id], subject="user:dave", tenant="acme", kind="memory")
+    ids = [chunk_of(wh, "staff"), summary.chunk_id, memory.chunk_id]
+    vectors = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in wh.store.chunks.search().limit(None).to_list()}
+    assert set(ids) <= visible_ids(wh, "user:dave", "Friday")
+
+    report = wh.sync([doc("staff", "", ["group:finance"], ["finance"], "confidential")])
+    assert (report.chunks, report.derived) == (1, 2)
+    assert not set(ids) & visible_ids(wh, "user:dave", "Friday")
+    assert set(ids) <= visible_ids(wh, "user:alice", "Friday")
+    rows = wh.store.rows(ids)
+    assert all(rows[i]["labels"] == ["finance"] and rows[i]["classification"] == 2 for i in ids)
+    after = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in wh.store.chunks.search().limit(None).to_list()}
+    assert after == vectors
+
+
+def test_sync_of_an_unknown_or_other_tenant_document_changes_nothing(lifecycle_warehouse):
+    version = lifecycle_warehouse.store.chunks.version
+    with pytest.raises(NotFoundError, match="'nope' not found"):
+        lifecycle_warehouse.sync([doc("staff", "", ["everyone"]), doc("nope", "", ["everyone"])])
+    assert lifecycle_warehouse.store.chunks.version == version
+
+
+def test_forget_erases_the_source_and_its_derived_rows_from_every_file(lifecycle_warehouse, tmp_path):
+    wh = lifecycle_warehouse
+    wh.ingest_records([doc("secret", f"The code word is {SENTINEL} and must not survive.", ["group:staff"])])
+    summary = wh.derive(f"Summary: the code word is {SENTINEL}.", parents=[chunk_of(wh, "secret")], subject="user:dave", tenant="acme")
+    assert wh.search(SENTINEL, subject="user:dave", tenant="acme", k=5, mode="fts")
+    warehouse_dir = tmp_path / "warehouse"
+
+    def files_holding_sentinel() -> list[str]:
+        needle = SENTINEL.encode()
+        return [str(p.relative_to(warehouse_dir)) for p in warehouse_dir.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+    assert files_holding_sentinel(), "positive control: the sentinel must be on disk before forget"
+    report = wh.forget("secret", reason="erasure request #42")
+    assert (report.chunks, report.derived) == (1, 1)
+    assert files_holding_sentinel() == []
+    assert wh.search(SENTINEL, subject="user:dave", tenant="acme", k=5, mode="fts") == []
+    assert summary.chunk_id not in wh.store.rows([summary.chunk_id])
+    assert wh.store.source_states(["secret"]) == {}
+    assert len(wh.store.chunks.list_versions()) == 1
+    assert {h.doc_id for h in wh.search("office Friday", subject="user:dave", tenant="acme", k=5)} == {"staff"}
+
+
+def test_forget_needs_a_reason_and_an_existing_document(lifecycle_warehouse):
+    with pytest.raises(InvalidRequestError, match="reason is required"):
+        lifecycle_warehouse.forget("staff", reason=" ")
+    with pytest.raises(NotFoundError):
+        lifecycle_warehouse.forget("never-ingested", reason="test")
+
+
+def test_hits_carry_versions_and_min_version_is_honoured(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    (hit,) = wh.search("office", subject="user:dave", tenant="acme", k=1)
+    assert hit.table_version == wh.store.chunks.version and hit.policy_version == wh.policy.version
+    assert wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version)
+    with pytest.raises(WarehouseError, match="older than"):
+        wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version + 100)
