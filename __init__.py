@@ -12,12 +12,16 @@ from .errors import (
     InvalidPolicyError,
     InvalidRequestError,
     InvalidSourceError,
+    NotFoundError,
+    PermissionDeniedError,
     PolicyError,
     RagwardenError,
     WarehouseError,
 )
+from .governance.explain import Explanation
 from .governance.policy import Decision, Policy
 from .governance.tags import Classification, GovernanceTags
+from .ingest.lifecycle import DerivedRow, ForgetReport, SyncReport
 from .ingest.pipeline import IngestReport
 from .ingest.records import Rejected, Skipped
 from .retrieval.hits import Hit
@@ -27,18 +31,24 @@ __all__ = [
     "Classification",
     "ConfigurationError",
     "Decision",
+    "DerivedRow",
+    "Explanation",
+    "ForgetReport",
     "GovernanceTags",
     "Hit",
     "IngestReport",
     "InvalidPolicyError",
     "InvalidRequestError",
     "InvalidSourceError",
+    "NotFoundError",
+    "PermissionDeniedError",
     "Policy",
     "PolicyError",
     "RagwardenError",
     "Rejected",
     "Settings",
     "Skipped",
+    "SyncReport",
     "Warehouse",
     "WarehouseError",
     "open",

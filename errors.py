@@ -10,6 +10,7 @@ with which input and what to do about it. The HTTP layer maps each class to one 
     │   └── InvalidPolicyError    a policy file has a bad line (named, with its number)
     ├── InvalidRequestError       a search or operation was asked for with bad arguments
     ├── NotFoundError             no such item visible to the caller (missing and forbidden look alike)
+    ├── PermissionDeniedError     the policy does not grant the caller this operation
     └── WarehouseError            the warehouse is missing, damaged or inconsistent
 """
 
@@ -21,6 +22,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidSourceError",
     "NotFoundError",
+    "PermissionDeniedError",
     "PolicyError",
     "RagwardenError",
     "WarehouseError",
@@ -64,6 +66,10 @@ class InvalidRequestError(RagwardenError):
 
 class NotFoundError(RagwardenError):
     """No such item is visible to the caller; deliberately the same whether it is missing or forbidden."""
+
+
+class PermissionDeniedError(RagwardenError):
+    """The policy does not grant the caller the operation it asked for."""
 
 
 class WarehouseError(RagwardenError):

@@ -230,7 +230,7 @@ class Store:
         row = {
             "version": policy.version,
             "source": policy.source,
-            "text": policy.text,
+            "text": policy.source_text if policy.source_text is not None else policy.text,
             "installed_at": datetime.now(timezone.utc),
         }
         self.policies.add(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))

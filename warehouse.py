@@ -10,7 +10,8 @@ from typing import Any
 from .config import Settings
 from .embedder import Embedder
 from .governance.policy import Policy
-from .errors import InvalidSourceError
+from .errors import InvalidSourceError, PermissionDeniedError
+from .governance.explain import Explanation, explain_row, not_visible
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import record_outcome
@@ -119,6 +120,25 @@ class Warehouse:
         if isinstance(records, str | Path):
             records = _read_sync_file(Path(records))
         return self._lifecycle.sync(records)
+
+    def explain(self, chunk_id: str, *, subject: str, tenant: str, caller: str | None = None) -> Explanation:
+        """Why ``subject`` may or may not read ``chunk_id`` in ``tenant``, step by step.
+
+        Anyone may ask about themselves; asking about someone else needs ``audit``. Without
+        ``audit``, a row the subject cannot read is only "not visible": nothing of it leaks.
+        """
+        caller = caller or subject
+        policy = self.policy
+        if policy is None:
+            return not_visible(chunk_id, subject, tenant)
+        auditor = policy.allows_operation(caller, tenant, "audit").allowed
+        if caller != subject and not auditor:
+            raise PermissionDeniedError(f"{caller} may explain only its own access; asking about {subject} needs audit")
+        row = self.store.rows([chunk_id]).get(chunk_id)
+        if row is None:
+            return not_visible(chunk_id, subject, tenant)
+        explanation = explain_row(policy, subject, tenant, row, self.store.clause_registry())
+        return explanation if explanation.allowed or auditor else not_visible(chunk_id, subject, tenant)
 
     def forget(self, doc_id: str, *, reason: str) -> ForgetReport:
         """Erase a document and everything derived from it, and purge it from old versions."""

@@ -14,6 +14,7 @@ import click
 from ..config import Settings
 from ..errors import RagwardenError
 from ..governance.policy import Policy
+from ..ingest.lifecycle import DERIVED_KINDS
 from ..retrieval.search import MAX_K, MODES
 from ..warehouse import Warehouse
 
@@ -119,6 +120,75 @@ def search(query: str, subject: str, tenant: str, k: int, mode: str, as_json: bo
         labels = ",".join(hit.labels) or "-"
         click.echo(f"{rank:>2}. {hit.score:.3f}  {hit.doc_id}  [{hit.classification.label}; {labels}]")
         click.echo(f"    {' '.join(hit.text.split())[:200]}")
+
+
+@main.command()
+@click.argument("text")
+@click.option("--parent", "parents", multiple=True, required=True, help="A chunk id the text derives from (repeat).")
+@click.option("--as", "subject", required=True, help="The subject deriving; it must be able to read every parent.")
+@click.option("--tenant", required=True, help="The tenant of the parents.")
+@click.option("--kind", type=click.Choice(DERIVED_KINDS), default="summary", show_default=True, help="What the row is.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new row as JSON.")
+@_common_options
+def derive(
+    text: str, parents: tuple[str, ...], subject: str, tenant: str, kind: str, as_json: bool, settings: Settings
+) -> None:
+    """Save TEXT as a row derived from chunks: its tags come from its parents by the propagation
+    rule, so it is visible only to whoever could read every parent."""
+    row = Warehouse(settings).derive(text, parents=list(parents), subject=subject, tenant=tenant, kind=kind)
+    summary = {
+        "chunk_id": row.chunk_id,
+        "kind": row.kind,
+        "parents": list(row.parents),
+        "labels": sorted(row.tags.labels),
+        "classification": row.tags.classification.label,
+        "acl_clauses": [sorted(c) for c in row.tags.acl_clauses],
+        "table_version": row.table_version,
+    }
+    click.echo(json.dumps(summary, indent=2) if as_json else f"derived {row.chunk_id} ({kind}) from {len(row.parents)} parents")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@_common_options
+def sync(file: str, settings: Settings) -> None:
+    """Apply changed ACLs, labels or classifications from a JSONL FILE (records as for ingest; text
+    is ignored) to the documents' chunks and every row derived from them, in one commit."""
+    report = Warehouse(settings).sync(Path(file))
+    click.echo(f"re-tagged {len(report.documents)} documents: {report.chunks} chunks, {report.derived} derived rows")
+
+
+@main.command()
+@click.argument("doc_id")
+@click.option("--reason", required=True, help="Why (kept in the audit receipt).")
+@_common_options
+def forget(doc_id: str, reason: str, settings: Settings) -> None:
+    """Erase document DOC_ID and every row derived from it, then purge old table versions and
+    index files so its text is in no file under the warehouse."""
+    report = Warehouse(settings).forget(doc_id, reason=reason)
+    click.echo(
+        f"forgot {report.doc_id}: {report.chunks} chunks, {report.derived} derived rows; "
+        f"old versions purged: {sum(report.versions_purged.values())}"
+    )
+
+
+@main.command()
+@click.argument("chunk_id")
+@click.option("--as", "subject", required=True, help="The subject whose access is explained.")
+@click.option("--tenant", required=True, help="The tenant asked in.")
+@click.option("--caller", help="Who is asking (default: the subject); asking about others needs audit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
+@_common_options
+def explain(chunk_id: str, subject: str, tenant: str, caller: str | None, as_json: bool, settings: Settings) -> None:
+    """Explain whether SUBJECT may read CHUNK_ID and why: tenant, the group path that matched, the
+    rule that cleared each label, clearance against classification, any deny."""
+    result = Warehouse(settings).explain(chunk_id, subject=subject, tenant=tenant, caller=caller)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{'visible' if result.allowed else 'not visible'}: {result.reason}")
+    for step in result.steps:
+        click.echo(f"  [{'ok' if step.passed else 'NO'}] {step.check}: {step.detail}")
 
 
 @main.group()

@@ -174,9 +174,12 @@ class Policy:
     ``version`` is a content hash of model and rules, so a compiled filter can be cached by it.
     """
 
-    def __init__(self, rules: list[Rule], *, source: str, model_text: str | None = None) -> None:
+    def __init__(
+        self, rules: list[Rule], *, source: str, source_text: str | None = None, model_text: str | None = None
+    ) -> None:
         model_text = model_text if model_text is not None else policy_file("model.conf").read_text()
         self.source = source
+        self.source_text = source_text
         self.rules = tuple(rules)
         digest = hashlib.sha256(model_text.encode("utf-8"))
         for rule in rules:
@@ -192,7 +195,7 @@ class Policy:
 
     @classmethod
     def from_text(cls, text: str, source: str = "<policy>") -> Policy:
-        return cls(parse_rules(text, source), source=source)
+        return cls(parse_rules(text, source), source=source, source_text=text)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Policy:
@@ -230,6 +233,34 @@ class Policy:
         if principal in (subject, EVERYONE):
             return True
         return bool(self._enforcer.get_role_manager().has_link(subject, principal, tenant))
+
+    def membership_path(self, subject: str, principal: str, tenant: str) -> tuple[str, ...] | None:
+        """The shortest chain subject -> group -> ... -> principal in ``tenant``, or None."""
+        if principal in (subject, EVERYONE):
+            return (subject,) if principal == subject else (subject, EVERYONE)
+        paths: dict[str, tuple[str, ...]] = {subject: (subject,)}
+        frontier = [subject]
+        while frontier:
+            following = []
+            for name in frontier:
+                for rule in self.rules:
+                    member, group, dom = rule.values if rule.ptype == "g" else ("", "", "")
+                    if member == name and dom == tenant and group not in paths:
+                        paths[group] = (*paths[name], group)
+                        following.append(group)
+            frontier = following
+        return paths.get(principal)
+
+    def rules_for(self, subject: str, tenant: str, obj: str) -> list[Rule]:
+        """The ``p`` rules on ``obj`` in ``tenant`` that reach ``subject`` (directly, by group, or via everyone)."""
+        return [
+            rule
+            for rule in self.rules
+            if rule.ptype == "p"
+            and rule.values[1] == tenant
+            and rule.values[2] == obj
+            and self.holds(subject, rule.values[0], tenant)
+        ]
 
     def label_allowed(self, subject: str, tenant: str, label: str) -> bool:
         return self.enforce(subject, tenant, f"label:{label}", "read")

@@ -140,3 +140,45 @@ def test_demo_shows_four_people_different_answers(runner, warehouse_args):
         assert len(answers) >= 2, block["question"]
     dave = [h for block in demo["questions"] for row in block["answers"] if row["subject"] == "user:dave" for h in row["hits"]]
     assert all(h["classification"] in ("public", "internal") for h in dave)
+
+
+@pytest.fixture
+def demo_cli_warehouse(runner, warehouse_args) -> list[str]:
+    """CLI arguments of a warehouse holding the demo corpus under the installed demo policy."""
+    assert runner.invoke(main, ["ingest", str(DEMO_CORPUS), *warehouse_args]).exit_code == 0
+    assert runner.invoke(main, ["policy", "install", str(policy_file("demo.csv")), *warehouse_args]).exit_code == 0
+    return warehouse_args
+
+
+def first_chunk(runner, args, doc_id: str, subject: str, query: str) -> str:
+    result = runner.invoke(main, ["search", query, "--as", subject, "--tenant", "acme", "-k", "50", "--json", *args])
+    return next(hit["chunk_id"] for hit in json.loads(result.stdout) if hit["doc_id"] == doc_id)
+
+
+def test_derive_explain_sync_forget_from_the_command_line(runner, demo_cli_warehouse, tmp_path):
+    args = demo_cli_warehouse
+    parent = first_chunk(runner, args, "acme-hr-001", "user:alice", "salary bands")
+    derived = runner.invoke(
+        main, ["derive", "Bands rose 4%.", "--parent", parent, "--as", "user:alice", "--tenant", "acme", "--json", *args]
+    )
+    assert derived.exit_code == 0, derived.output
+    row = json.loads(derived.stdout)
+    assert row["labels"] == ["comp"] and row["classification"] == "confidential"
+
+    explained = runner.invoke(main, ["explain", row["chunk_id"], "--as", "user:alice", "--tenant", "acme", *args])
+    assert explained.exit_code == 0 and explained.stdout.startswith("visible")
+    hidden = runner.invoke(main, ["explain", row["chunk_id"], "--as", "user:dave", "--tenant", "acme", "--json", *args])
+    assert json.loads(hidden.stdout) == {
+        "chunk_id": row["chunk_id"], "subject": "user:dave", "tenant": "acme", "allowed": False, "reason": "not visible", "steps": []
+    }
+
+    changes = tmp_path / "sync.jsonl"
+    changes.write_text(json.dumps({"id": "acme-hr-001", "tenant": "acme", "acl": {"allow": ["group:staff"]}, "labels": [], "classification": "internal"}) + "\n")
+    synced = runner.invoke(main, ["sync", str(changes), *args])
+    assert synced.exit_code == 0 and "1 chunks, 1 derived rows" in synced.stdout
+    assert first_chunk(runner, args, "acme-hr-001", "user:dave", "salary bands") == parent
+
+    forgot = runner.invoke(main, ["forget", "acme-hr-001", "--reason", "test erasure", *args])
+    assert forgot.exit_code == 0 and "1 chunks, 1 derived rows" in forgot.stdout
+    gone = runner.invoke(main, ["forget", "acme-hr-001", "--reason", "again", *args])
+    assert gone.exit_code == 1 and "not found" in gone.stderr

@@ -158,3 +158,14 @@ def make_chunks_table(tmp_path: Path) -> Callable[..., Any]:
         return db.create_table(f"chunks_{next(counter)}", data)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def demo_rows_by_person(demo_warehouse) -> dict[str, dict[str, bool]]:
+    """For each acme demo person, every acme row id -> whether a big-k search returns it."""
+    rows = [r["chunk_id"] for r in demo_warehouse.store.chunks.search().where("tenant = 'acme'").limit(None).to_list()]
+    result = {}
+    for subject in ("user:alice", "user:bob", "user:carol", "user:dave"):
+        found = {h.chunk_id for h in demo_warehouse.search("anything at all", subject=subject, tenant="acme", k=1000)}
+        result[subject] = {row: row in found for row in rows}
+    return result

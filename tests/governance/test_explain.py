@@ -1,0 +1,53 @@
+"""explain: the decision with its chain of reasons, and nothing at all about what the asker may not see."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragwarden.errors import PermissionDeniedError
+
+
+def chunk(warehouse, doc_id: str) -> str:
+    return warehouse.store.chunk_ids_of(doc_id)[0]
+
+
+def test_a_visible_row_is_explained_with_group_path_and_rule_lines(demo_warehouse):
+    result = demo_warehouse.explain(chunk(demo_warehouse, "acme-hr-001"), subject="user:alice", tenant="acme")
+    assert result.allowed
+    steps = {step.check: step for step in result.steps}
+    assert all(step.passed for step in result.steps)
+    acl = next(step for name, step in steps.items() if name.startswith("acl clause"))
+    assert "user:alice -> group:fpa -> group:finance" in acl.detail
+    assert steps["label comp"].detail.startswith("cleared by line 52: p, group:finance, acme, label:comp, read, allow")
+    assert "clearance is confidential" in steps["classification"].detail
+
+
+def test_an_invisible_row_is_only_not_visible_to_its_subject(demo_warehouse):
+    result = demo_warehouse.explain(chunk(demo_warehouse, "acme-hr-001"), subject="user:dave", tenant="acme")
+    assert (result.allowed, result.reason, result.steps) == (False, "not visible", ())
+
+
+def test_a_missing_row_reads_exactly_like_an_invisible_one(demo_warehouse):
+    invisible = demo_warehouse.explain(chunk(demo_warehouse, "acme-hr-001"), subject="user:dave", tenant="acme")
+    missing = demo_warehouse.explain("no-such-chunk", subject="user:dave", tenant="acme")
+    assert (missing.allowed, missing.reason, missing.steps) == (invisible.allowed, invisible.reason, invisible.steps)
+
+
+def test_an_auditor_sees_which_check_failed_for_someone_else(demo_warehouse):
+    result = demo_warehouse.explain(
+        chunk(demo_warehouse, "acme-hr-004"), subject="user:bob", tenant="acme", caller="user:carol"
+    )
+    assert not result.allowed
+    failed = {step.check: step.detail for step in result.steps if not step.passed}
+    assert failed["acl deny"] == "denied to user:bob through user:bob"
+
+
+def test_asking_about_someone_else_without_audit_is_refused(demo_warehouse):
+    with pytest.raises(PermissionDeniedError, match="needs audit"):
+        demo_warehouse.explain(chunk(demo_warehouse, "acme-pub-001"), subject="user:alice", tenant="acme", caller="user:dave")
+
+
+def test_explain_agrees_with_search(demo_warehouse, demo_rows_by_person):
+    for subject, visible in demo_rows_by_person.items():
+        for row_id, can_read in visible.items():
+            assert demo_warehouse.explain(row_id, subject=subject, tenant="acme", caller="user:carol").allowed is can_read
