@@ -16,6 +16,7 @@ from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import record_outcome
 from .retrieval.hits import Hit
+from .retrieval.review import AccessReview, access_review, inventory
 from .retrieval.search import Searcher
 from .store import Store
 
@@ -139,6 +140,25 @@ class Warehouse:
             return not_visible(chunk_id, subject, tenant)
         explanation = explain_row(policy, subject, tenant, row, self.store.clause_registry())
         return explanation if explanation.allowed or auditor else not_visible(chunk_id, subject, tenant)
+
+    def access_review(self, *, subject: str, tenant: str, caller: str | None = None) -> AccessReview:
+        """What ``subject`` can read in ``tenant``, by source, label and classification."""
+        policy = self._require(caller or subject, subject, tenant)
+        return access_review(self.store, self._searcher, policy, subject, tenant)
+
+    def inventory(self, *, label: str, tenant: str, caller: str) -> dict[str, list[str]]:
+        """Every row carrying ``label`` in ``tenant``, grouped by source; needs ``audit``."""
+        self._require(caller, None, tenant)
+        return inventory(self.store, label, tenant)
+
+    def _require(self, caller: str, subject: str | None, tenant: str) -> Policy:
+        """The policy, if ``caller`` asks about itself or holds ``audit`` in ``tenant``."""
+        policy = self.policy
+        if policy is None:
+            raise PermissionDeniedError("no policy is in force, so nothing may be reviewed")
+        if caller != subject and not policy.allows_operation(caller, tenant, "audit").allowed:
+            raise PermissionDeniedError(f"{caller} is not granted audit in {tenant}")
+        return policy
 
     def forget(self, doc_id: str, *, reason: str) -> ForgetReport:
         """Erase a document and everything derived from it, and purge it from old versions."""

@@ -191,6 +191,46 @@ def explain(chunk_id: str, subject: str, tenant: str, caller: str | None, as_jso
         click.echo(f"  [{'ok' if step.passed else 'NO'}] {step.check}: {step.detail}")
 
 
+@main.command("access-review")
+@click.option("--as", "subject", required=True, help="The subject whose access is reviewed.")
+@click.option("--tenant", required=True, help="The tenant reviewed.")
+@click.option("--caller", help="Who is asking (default: the subject); reviewing others needs audit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the review as JSON.")
+@_common_options
+def access_review_command(subject: str, tenant: str, caller: str | None, as_json: bool, settings: Settings) -> None:
+    """What SUBJECT can read in TENANT, counted by source, label and classification."""
+    review = Warehouse(settings).access_review(subject=subject, tenant=tenant, caller=caller)
+    if as_json:
+        click.echo(json.dumps(review.as_dict(), indent=2))
+        return
+    click.echo(f"{subject} in {tenant}: {review.rows} readable rows (table version {review.table_version})")
+    for title, counts in (
+        ("by source", review.by_source),
+        ("by label", review.by_label),
+        ("by classification", review.by_classification),
+        ("derived rows", review.derived_by_kind),
+    ):
+        click.echo(f"  {title}: " + (", ".join(f"{k} {v}" for k, v in counts.items()) or "-"))
+
+
+@main.command()
+@click.option("--label", required=True, help="The label to look for.")
+@click.option("--tenant", required=True, help="The tenant to look in.")
+@click.option("--caller", required=True, help="Who is asking; needs audit in the tenant.")
+@click.option("--json", "as_json", is_flag=True, help="Print the inventory as JSON.")
+@_common_options
+def inventory(label: str, tenant: str, caller: str, as_json: bool, settings: Settings) -> None:
+    """Every row (chunk or derived) carrying LABEL in TENANT, grouped by the source it comes from."""
+    found = Warehouse(settings).inventory(label=label, tenant=tenant, caller=caller)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    for source, ids in found.items():
+        click.echo(f"{source}: {len(ids)} rows")
+    if not found:
+        click.echo(f"no row carries {label!r} in {tenant}")
+
+
 @main.group()
 def policy() -> None:
     """Validate and install Casbin policies."""
