@@ -18,6 +18,7 @@ class Settings:
     """Where the warehouse and policy are, and the knobs of ingest.
 
     ``policy`` is a Casbin policy CSV; None means the warehouse's own installed policy.
+    ``audit_key`` makes audit hashes HMACs; ``audit_raw_queries`` keeps raw queries in receipts.
     """
 
     warehouse: str = DEFAULT_WAREHOUSE
@@ -27,6 +28,8 @@ class Settings:
     chunk_overlap: int = 32
     embed_batch_size: int = 32
     write_batch_docs: int = 64
+    audit_key: bytes | None = None
+    audit_raw_queries: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs"):
@@ -46,6 +49,10 @@ class Settings:
             values["policy"] = env["RAGWARDEN_POLICY"]
         if env.get("RAGWARDEN_DATA"):
             values["data_dir"] = Path(env["RAGWARDEN_DATA"])
+        if env.get("RAGWARDEN_AUDIT_KEY"):
+            values["audit_key"] = env["RAGWARDEN_AUDIT_KEY"].encode("utf-8")
+        if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
+            values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
         if env.get("RAGWARDEN_MAX_FILE_BYTES"):
             try:
                 values["max_file_bytes"] = int(env["RAGWARDEN_MAX_FILE_BYTES"])

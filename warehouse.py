@@ -1,17 +1,21 @@
-"""The warehouse: ragwarden's face for Python callers, over the one place that holds all state."""
+"""The warehouse: ragwarden's face for Python callers, over the one place that holds all state.
+
+Every retrieval and every decision on an operation leaves an audit receipt, allowed or refused.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .config import Settings
 from .embedder import Embedder
-from .governance.policy import Policy
-from .errors import InvalidSourceError, PermissionDeniedError
+from .errors import InvalidSourceError, NotFoundError, PermissionDeniedError
+from .governance.audit import AuditLog, Receipt, fingerprint
 from .governance.explain import Explanation, explain_row, not_visible
+from .governance.policy import Policy
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import record_outcome
@@ -21,13 +25,15 @@ from .retrieval.search import Searcher
 from .store import Store
 
 PathLike = str | Path
+T = TypeVar("T")
+OPERATOR = "local:operator"  # the subject of operations run in-process without a named caller
 
 
 class Warehouse:
-    """Ingest and governed search over one warehouse URI, under one policy.
+    """Ingest, governed search and the lifecycle over one warehouse URI, under one policy.
 
     The policy is the file given when opening, else the warehouse's own installed policy,
-    read afresh at each search so an installed change takes effect at once; with none at all
+    read afresh at each call so an installed change takes effect at once; with none at all
     nothing is visible.
     """
 
@@ -35,6 +41,7 @@ class Warehouse:
         self.settings = settings
         self.embedder = embedder or Embedder(batch_size=settings.embed_batch_size)
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension)
+        self.audit = AuditLog(self.store.db, key=settings.audit_key)
         self._explicit_policy = Policy.from_file(settings.policy) if settings.policy else None
         self._searcher = Searcher(self.store, self.embedder)
         self._lifecycle = Lifecycle(self.store, self.embedder)
@@ -60,6 +67,37 @@ class Warehouse:
         self.store.install_policy(policy)
         return policy
 
+    # -- receipts -----------------------------------------------------------------------------
+
+    def _receipt(self, **fields: Any) -> None:
+        policy = self.policy
+        self.audit.append(
+            Receipt(
+                policy_version=policy.version if policy else None,
+                table_version=self.store.chunks.version,
+                **fields,
+            )
+        )
+
+    def _decided(
+        self,
+        operation: str,
+        subject: str,
+        tenant: str,
+        action: Callable[[], T],
+        describe: Callable[[T], Mapping[str, Any]],
+    ) -> T:
+        """Run an operation and record the decision: refused (and why) or done (and what)."""
+        try:
+            result = action()
+        except (NotFoundError, PermissionDeniedError) as exc:
+            self._receipt(kind="decision", operation=operation, subject=subject, tenant=tenant, allowed=False, reason=str(exc))
+            raise
+        self._receipt(kind="decision", operation=operation, subject=subject, tenant=tenant, allowed=True, **describe(result))
+        return result
+
+    # -- ingest -------------------------------------------------------------------------------
+
     def ingest(
         self,
         paths: PathLike | Sequence[PathLike],
@@ -68,6 +106,7 @@ class Warehouse:
         acl_from: str | None = None,
         tenant: str | None = None,
         progress: bool | None = False,
+        subject: str = OPERATOR,
     ) -> IngestReport:
         """Ingest files, folders and JSONL files; returns a report of what was written and refused."""
         items = [paths] if isinstance(paths, str | Path) else list(paths)
@@ -78,32 +117,82 @@ class Warehouse:
             default_tenant=tenant,
             max_bytes=self.settings.max_file_bytes,
         )
-        return self._run(outcomes, progress)
+        return self._run(outcomes, progress, subject)
 
-    def ingest_records(self, records: Iterable[Mapping[str, Any]], *, progress: bool | None = False) -> IngestReport:
+    def ingest_records(
+        self, records: Iterable[Mapping[str, Any]], *, progress: bool | None = False, subject: str = OPERATOR
+    ) -> IngestReport:
         """Ingest records given as dicts in the JSONL format of DESIGN §6."""
         outcomes = (o for n, r in enumerate(records, start=1) for o in record_outcome(r, f"record {n}"))
-        return self._run(outcomes, progress)
+        return self._run(outcomes, progress, subject)
 
-    def _run(self, outcomes: Iterable[Any], progress: bool | None) -> IngestReport:
-        return run_ingest(
-            outcomes,
-            store=self.store,
-            embedder=self.embedder,
-            overlap=self.settings.chunk_overlap,
-            batch_docs=self.settings.write_batch_docs,
-            progress=progress,
+    def _run(self, outcomes: Iterable[Any], progress: bool | None, subject: str) -> IngestReport:
+        def run() -> IngestReport:
+            return run_ingest(
+                outcomes,
+                store=self.store,
+                embedder=self.embedder,
+                overlap=self.settings.chunk_overlap,
+                batch_docs=self.settings.write_batch_docs,
+                progress=progress,
+            )
+
+        return self._decided(
+            "ingest",
+            subject,
+            "*",
+            run,
+            lambda report: {
+                "reason": report.summary(),
+                "doc_ids": report.written,
+                "details": {"run_id": report.run_id, "rejected": len(report.rejected), "chunks": report.chunks},
+            },
         )
 
+    # -- retrieval ----------------------------------------------------------------------------
+
     def search(
-        self, query: str, *, subject: str, tenant: str, k: int = 10, mode: str = "vector", min_version: int | None = None
+        self,
+        query: str,
+        *,
+        subject: str,
+        tenant: str,
+        k: int = 10,
+        mode: str = "vector",
+        min_version: int | None = None,
+        actor: str | None = None,
+        purpose: str | None = None,
     ) -> list[Hit]:
         """The best ``k`` chunks ``subject`` may read in ``tenant`` (fewer only if fewer are visible).
 
         ``min_version``: refuse to answer from a table older than this version (read-your-writes).
+        ``actor``: the agent acting for ``subject``; it gets exactly the subject's visibility.
         """
         self.store.require_version(min_version)
-        return self._searcher.search(query, policy=self.policy, subject=subject, tenant=tenant, k=k, mode=mode)
+        hits, withheld = self._searcher.search(query, policy=self.policy, subject=subject, tenant=tenant, k=k, mode=mode)
+        self.audit.append(
+            Receipt(
+                kind="retrieval",
+                operation="search",
+                subject=subject,
+                actor=actor,
+                tenant=tenant,
+                purpose=purpose,
+                allowed=True,
+                reason=f"{len(hits)} of k={k} ({mode})",
+                query_fingerprint=fingerprint(query),
+                query=query if self.settings.audit_raw_queries else None,
+                chunk_ids=tuple(h.chunk_id for h in hits),
+                doc_ids=tuple(dict.fromkeys(h.doc_id for h in hits)),
+                chunk_labels={h.chunk_id: h.labels for h in hits},
+                withheld=withheld,
+                policy_version=hits[0].policy_version if hits else (self.policy.version if self.policy else None),
+                table_version=hits[0].table_version if hits else self.store.chunks.version,
+            )
+        )
+        return hits
+
+    # -- lifecycle ----------------------------------------------------------------------------
 
     def derive(
         self, text: str, *, parents: Sequence[str], subject: str, tenant: str, kind: str = "summary"
@@ -113,14 +202,52 @@ class Warehouse:
         The new row is visible only to whoever could read every parent; a parent the subject
         cannot read is refused exactly as a missing one is (``NotFoundError``).
         """
-        return self._lifecycle.derive(text, parents=parents, policy=self.policy, subject=subject, tenant=tenant, kind=kind)
+        return self._decided(
+            "derive",
+            subject,
+            tenant,
+            lambda: self._lifecycle.derive(
+                text, parents=parents, policy=self.policy, subject=subject, tenant=tenant, kind=kind
+            ),
+            lambda row: {
+                "reason": f"{row.kind} derived from {len(row.parents)} parents",
+                "chunk_ids": (row.chunk_id,),
+                "chunk_labels": {row.chunk_id: tuple(sorted(row.tags.labels))},
+                "details": {"parents": list(row.parents)},
+            },
+        )
 
-    def sync(self, records: PathLike | Iterable[Mapping[str, Any]]) -> SyncReport:
+    def sync(self, records: PathLike | Iterable[Mapping[str, Any]], *, subject: str = OPERATOR) -> SyncReport:
         """Apply changed ACLs, labels or classifications (JSONL records, or a JSONL file) to the
         documents' chunks and to every row derived from them, without re-embedding."""
         if isinstance(records, str | Path):
             records = _read_sync_file(Path(records))
-        return self._lifecycle.sync(records)
+        return self._decided(
+            "sync",
+            subject,
+            "*",
+            lambda: self._lifecycle.sync(records),
+            lambda report: {
+                "reason": f"re-tagged {report.chunks} chunks and {report.derived} derived rows",
+                "doc_ids": report.documents,
+            },
+        )
+
+    def forget(self, doc_id: str, *, reason: str, subject: str = OPERATOR) -> ForgetReport:
+        """Erase a document and everything derived from it, and purge it from old versions."""
+        return self._decided(
+            "forget",
+            subject,
+            "*",
+            lambda: self._lifecycle.forget(doc_id, reason=reason),
+            lambda report: {
+                "reason": reason,
+                "doc_ids": (report.doc_id,),
+                "details": {"chunks": report.chunks, "derived": report.derived},
+            },
+        )
+
+    # -- questions ----------------------------------------------------------------------------
 
     def explain(self, chunk_id: str, *, subject: str, tenant: str, caller: str | None = None) -> Explanation:
         """Why ``subject`` may or may not read ``chunk_id`` in ``tenant``, step by step.
@@ -129,17 +256,30 @@ class Warehouse:
         ``audit``, a row the subject cannot read is only "not visible": nothing of it leaks.
         """
         caller = caller or subject
-        policy = self.policy
-        if policy is None:
-            return not_visible(chunk_id, subject, tenant)
-        auditor = policy.allows_operation(caller, tenant, "audit").allowed
-        if caller != subject and not auditor:
-            raise PermissionDeniedError(f"{caller} may explain only its own access; asking about {subject} needs audit")
-        row = self.store.rows([chunk_id]).get(chunk_id)
-        if row is None:
-            return not_visible(chunk_id, subject, tenant)
-        explanation = explain_row(policy, subject, tenant, row, self.store.clause_registry())
-        return explanation if explanation.allowed or auditor else not_visible(chunk_id, subject, tenant)
+
+        def decide() -> Explanation:
+            policy = self.policy
+            if policy is None:
+                return not_visible(chunk_id, subject, tenant)
+            auditor = policy.allows_operation(caller, tenant, "audit").allowed
+            if caller != subject and not auditor:
+                raise PermissionDeniedError(f"{caller} may explain only its own access; asking about {subject} needs audit")
+            row = self.store.rows([chunk_id]).get(chunk_id)
+            if row is None:
+                return not_visible(chunk_id, subject, tenant)
+            explanation = explain_row(policy, subject, tenant, row, self.store.clause_registry())
+            return explanation if explanation.allowed or auditor else not_visible(chunk_id, subject, tenant)
+
+        return self._decided(
+            "explain",
+            caller,
+            tenant,
+            decide,
+            lambda result: {
+                "reason": f"asked about {subject}: {'visible' if result.allowed else 'not visible'}",
+                "chunk_ids": (chunk_id,),
+            },
+        )
 
     def access_review(self, *, subject: str, tenant: str, caller: str | None = None) -> AccessReview:
         """What ``subject`` can read in ``tenant``, by source, label and classification."""
@@ -151,6 +291,35 @@ class Warehouse:
         self._require(caller, None, tenant)
         return inventory(self.store, label, tenant)
 
+    def lineage(self, item_id: str) -> dict[str, Any]:
+        """A source or row's lineage: source -> chunks -> derived rows -> the receipts that returned them."""
+        chunk_ids = self.store.chunk_ids_of(item_id)
+        source = self.store.source_states([item_id]).get(item_id)
+        if not chunk_ids and source is None:
+            row = self.store.rows([item_id]).get(item_id)
+            if row is None:
+                raise NotFoundError(f"no document or row {item_id!r}")
+            chunk_ids = [item_id]
+        derived = self.store.derived_from(chunk_ids)
+        touched = [*chunk_ids, *derived]
+        receipts = {r.seq: r for chunk in touched for r in self.audit.query(chunk_id=chunk)}
+        return {
+            "source": None if source is None else {"doc_id": source.doc_id, "tenant": source.tenant, "version": source.doc_version},
+            "chunks": chunk_ids,
+            "derived": [{"chunk_id": i, "kind": r["kind"], "parents": r["parents"]} for i, r in sorted(derived.items())],
+            "receipts": [
+                {
+                    "seq": r.seq,
+                    "time": r.time.isoformat(),
+                    "operation": r.operation,
+                    "subject": r.subject,
+                    "actor": r.actor,
+                    "returned": sorted(set(r.chunk_ids) & set(touched)),
+                }
+                for _, r in sorted(receipts.items())
+            ],
+        }
+
     def _require(self, caller: str, subject: str | None, tenant: str) -> Policy:
         """The policy, if ``caller`` asks about itself or holds ``audit`` in ``tenant``."""
         policy = self.policy
@@ -159,10 +328,6 @@ class Warehouse:
         if caller != subject and not policy.allows_operation(caller, tenant, "audit").allowed:
             raise PermissionDeniedError(f"{caller} is not granted audit in {tenant}")
         return policy
-
-    def forget(self, doc_id: str, *, reason: str) -> ForgetReport:
-        """Erase a document and everything derived from it, and purge it from old versions."""
-        return self._lifecycle.forget(doc_id, reason=reason)
 
 
 def _read_sync_file(path: Path) -> list[dict[str, Any]]:

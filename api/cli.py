@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +231,74 @@ def inventory(label: str, tenant: str, caller: str, as_json: bool, settings: Set
         click.echo(f"{source}: {len(ids)} rows")
     if not found:
         click.echo(f"no row carries {label!r} in {tenant}")
+
+
+@main.group()
+def audit() -> None:
+    """Verify and query the hash-chained audit receipts."""
+
+
+@audit.command("verify")
+@_common_options
+def audit_verify(settings: Settings) -> None:
+    """Check the receipt chain: any edited, deleted, inserted or reordered receipt is reported
+    (exit 1). A cut-off tail is only visible against a head recorded elsewhere (printed here)."""
+    log = Warehouse(settings).audit
+    report = log.verify()
+    seq, digest = log.head()
+    for problem in report.problems:
+        click.echo(problem, err=True)
+    click.echo(f"{report.receipts} receipts, {'intact' if report.ok else 'TAMPERED'}; head seq {seq} hash {digest}")
+    if not report.ok:
+        sys.exit(1)
+
+
+@audit.command("query")
+@click.option("--chunk", "chunk_id", help="Receipts that returned or touched this chunk id.")
+@click.option("--doc", "doc_id", help="Receipts about this document id.")
+@click.option("--subject", help="Receipts of this subject.")
+@click.option("--label", help="Receipts that returned a row carrying this label.")
+@click.option("--tenant", help="Receipts in this tenant.")
+@click.option("--since", type=click.DateTime(), help="From this time (UTC), inclusive.")
+@click.option("--until", type=click.DateTime(), help="Up to this time (UTC), exclusive.")
+@click.option("--limit", type=click.IntRange(1), help="At most this many, newest first.")
+@_common_options
+def audit_query(
+    chunk_id: str | None,
+    doc_id: str | None,
+    subject: str | None,
+    label: str | None,
+    tenant: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int | None,
+    settings: Settings,
+) -> None:
+    """Find receipts by chunk, document, subject, label and time range; prints JSON lines."""
+    utc = {k: v.replace(tzinfo=timezone.utc) for k, v in {"since": since, "until": until}.items() if v}
+    receipts = Warehouse(settings).audit.query(
+        chunk_id=chunk_id, doc_id=doc_id, subject=subject, label=label, tenant=tenant, limit=limit, **utc
+    )
+    for receipt in receipts:
+        click.echo(json.dumps(_receipt_json(receipt), ensure_ascii=False))
+
+
+def _receipt_json(receipt: Any) -> dict[str, Any]:
+    data = {field.name: getattr(receipt, field.name) for field in dataclasses.fields(receipt)}
+    data["chunk_ids"], data["doc_ids"] = list(receipt.chunk_ids), list(receipt.doc_ids)
+    data["time"] = receipt.time.isoformat()
+    data["chunk_labels"] = {k: list(v) for k, v in receipt.chunk_labels.items()}
+    data["details"] = dict(receipt.details)
+    return data
+
+
+@main.command("lineage")
+@click.argument("item_id")
+@_common_options
+def lineage_command(item_id: str, settings: Settings) -> None:
+    """Show ITEM_ID's lineage (a document or row id): source -> chunks -> derived rows -> the
+    receipts that returned them, as JSON."""
+    click.echo(json.dumps(Warehouse(settings).lineage(item_id), indent=2, ensure_ascii=False))
 
 
 @main.group()

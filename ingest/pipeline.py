@@ -23,6 +23,7 @@ class IngestReport:
     """What one ingest run did: documents written or unchanged, chunks, and every refusal."""
 
     run_id: str
+    written: tuple[str, ...]
     documents: int
     unchanged: int
     chunks: int
@@ -99,17 +100,18 @@ def run_ingest(
     writer = DocumentWriter(store, embedder, overlap=overlap, run_id=run_id)
     skipped: list[Skipped] = []
     rejected: list[Rejected] = []
-    documents = unchanged = chunks = 0
+    written: list[str] = []
+    unchanged = chunks = 0
     batch: list[SourceRecord] = []
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(desc="ingest", unit="doc", disable=not show, file=sys.stderr)
 
     def flush() -> None:
-        nonlocal documents, unchanged, chunks
+        nonlocal unchanged, chunks
         if not batch:
             return
         result = writer.write(batch)
-        documents += len(result.written)
+        written.extend(result.written)
         unchanged += len(result.unchanged)
         chunks += result.chunks
         rejected.extend(result.rejected)
@@ -127,11 +129,12 @@ def run_ingest(
                 if len(batch) >= batch_docs:
                     flush()
         flush()
-    if documents:
+    if written:
         store.ensure_text_index()
     return IngestReport(
         run_id=run_id,
-        documents=documents,
+        written=tuple(written),
+        documents=len(written),
         unchanged=unchanged,
         chunks=chunks,
         skipped=tuple(skipped),

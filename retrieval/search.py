@@ -95,10 +95,11 @@ class Searcher:
 
     def search(
         self, query: str, *, policy: Policy | None, subject: str, tenant: str, k: int = 10, mode: str = "vector"
-    ) -> list[Hit]:
+    ) -> tuple[list[Hit], int]:
+        """The hits, and how many rows the post-check withheld (for the audit, never the caller)."""
         validate_request(query, subject, tenant, k, mode)
         if policy is None:
-            return []  # no policy at all: nothing is visible
+            return [], 0  # no policy at all: nothing is visible
         where = self.compiled_filter(policy, subject, tenant)
         for _ in range(3):  # the version read before and after must agree, so hits can name it
             version = self.store.chunks.version
@@ -146,13 +147,15 @@ class Searcher:
 
     def _post_check(
         self, ranked: list[tuple[dict[str, Any], float]], policy: Policy, subject: str, tenant: str, version: int
-    ) -> list[Hit]:
+    ) -> tuple[list[Hit], int]:
         registry = self.store.clause_registry()
         hits: list[Hit] = []
+        withheld = 0
         for row, score in ranked:
             decision = check_row(policy, subject, tenant, row, registry)
             if not decision.allowed:
                 log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
+                withheld += 1
                 continue
             hits.append(
                 Hit(
@@ -172,4 +175,4 @@ class Searcher:
                     policy_version=policy.version,
                 )
             )
-        return hits
+        return hits, withheld

@@ -1,0 +1,498 @@
+"""The audit log: a hash chain in a real LanceDB table, its tamper evidence, queries and writers.
+
+Tampering is done the way someone with write access to the table would do it: through LanceDB's
+own ``update``, ``delete`` and ``add``. Concurrent writers are spawned processes (never forked
+after LanceDB started), each appending receipts as fast as it can.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import runpy
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import pyarrow as pa
+import pytest
+
+from ragwarden.errors import ConfigurationError, InvalidRequestError, WarehouseError
+from ragwarden.governance.audit import (
+    AUDIT,
+    AUDIT_SCHEMA,
+    GENESIS_HASH,
+    AuditLog,
+    Receipt,
+    StoredReceipt,
+    _hash_payload,
+    fingerprint,
+)
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+def connect(path: Path) -> Any:
+    return lancedb.connect(path, read_consistency_interval=timedelta(0))
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> Path:
+    return tmp_path / "warehouse"
+
+
+@pytest.fixture
+def db(warehouse: Path) -> Any:
+    return connect(warehouse)
+
+
+@pytest.fixture
+def receipt() -> Callable[..., Receipt]:
+    """A retrieval receipt for alice in acme; any field may be overridden."""
+
+    def make(**overrides: Any) -> Receipt:
+        values: dict[str, Any] = {
+            "kind": "retrieval",
+            "operation": "search",
+            "subject": "user:alice",
+            "tenant": "acme",
+            "allowed": True,
+            "reason": "filtered by policy",
+            "purpose": "support",
+            "query": "quarterly revenue",
+            "chunk_ids": ("c1", "c2"),
+            "doc_ids": ("d1",),
+            "chunk_labels": {"c1": ("finance",), "c2": ("finance", "internal")},
+            "withheld": 2,
+            "policy_version": "p-1",
+            "table_version": 7,
+        }
+        values.update(overrides)
+        return Receipt(**values)
+
+    return make
+
+
+@pytest.fixture
+def five(db: Any, receipt: Callable[..., Receipt]) -> tuple[AuditLog, list[StoredReceipt]]:
+    """A log of five receipts (seq 1..5), each for a different chunk, doc and subject."""
+    log = AuditLog(db)
+    stored = [
+        log.append(receipt(subject=f"user:u{i}", chunk_ids=(f"c{i}",), doc_ids=(f"d{i}",), chunk_labels={}))
+        for i in range(1, 6)
+    ]
+    return log, stored
+
+
+def rows_of(table: Any) -> list[dict[str, Any]]:
+    return table.to_arrow().sort_by("seq").to_pylist()
+
+
+def plain_hash(row: dict[str, Any]) -> str:
+    """What anyone who read this module can compute: sha256 over the canonical payload."""
+    return hashlib.sha256(_hash_payload(row)).hexdigest()
+
+
+def rewrite(table: Any, rows: list[dict[str, Any]]) -> None:
+    """Replace every row of the table (what someone with write access to its storage can do)."""
+    table.delete("true")
+    table.add(pa.Table.from_pylist(rows, schema=AUDIT_SCHEMA))
+
+
+def problems_about(report: Any, seq: int) -> list[str]:
+    return [p for p in report.problems if p.startswith(f"seq {seq}:") or p.startswith(f"seq {seq}..")]
+
+
+# -- appending and verifying ---------------------------------------------------------------
+
+
+def test_appended_receipts_form_a_valid_chain_from_genesis(five: tuple[AuditLog, list[StoredReceipt]]) -> None:
+    log, stored = five
+    assert [r.seq for r in stored] == [1, 2, 3, 4, 5]
+    assert stored[0].prev_hash == GENESIS_HASH
+    assert all(later.prev_hash == earlier.hash for earlier, later in zip(stored, stored[1:]))
+    assert log.verify().ok and log.verify().receipts == 5 and log.verify().problems == ()
+    assert log.head() == (5, stored[-1].hash)
+
+
+def test_empty_log_verifies_and_has_the_genesis_head(db: Any) -> None:
+    log = AuditLog(db)
+    assert log.verify().ok and log.verify().receipts == 0
+    assert log.head() == (0, GENESIS_HASH)
+
+
+def test_stored_receipt_reads_back_as_append_returned_it(db: Any, receipt: Callable[..., Receipt]) -> None:
+    log = AuditLog(db)
+    written = log.append(receipt(details={"doc_id": "d1", "rows_removed": 3}, actor="agent:bot"))
+    (read,) = log.query()
+    assert read == written
+    assert read.time.tzinfo is not None and abs(read.time - datetime.now(timezone.utc)) < timedelta(minutes=1)
+    assert read.details == {"doc_id": "d1", "rows_removed": 3}
+    assert read.chunk_labels == {"c1": ("finance",), "c2": ("finance", "internal")}
+
+
+def test_query_fingerprint_is_the_sha256_of_the_query_and_derived_when_missing(receipt: Callable[..., Receipt]) -> None:
+    assert fingerprint("quarterly revenue") == hashlib.sha256(b"quarterly revenue").hexdigest()
+    assert receipt().query_fingerprint == fingerprint("quarterly revenue")
+    without_text = receipt(query=None, query_fingerprint=fingerprint("secret question"))
+    assert without_text.query is None and without_text.query_fingerprint == fingerprint("secret question")
+
+
+def test_table_keeps_ids_labels_and_hashes_but_no_chunk_text(
+    five: tuple[AuditLog, list[StoredReceipt]], db: Any
+) -> None:
+    columns = set(db.open_table(AUDIT).schema.names)
+    assert "text" not in columns and "vector" not in columns
+    assert {"chunk_ids", "doc_ids", "labels", "chunk_labels", "withheld", "prev_hash", "hash"} <= columns
+
+
+def test_labels_column_is_the_union_of_chunk_labels(db: Any, receipt: Callable[..., Receipt]) -> None:
+    AuditLog(db).append(receipt())
+    (row,) = rows_of(db.open_table(AUDIT))
+    assert row["labels"] == ["finance", "internal"]
+    assert json.loads(row["chunk_labels"]) == {"c1": ["finance"], "c2": ["finance", "internal"]}
+
+
+def test_log_accepts_an_open_table_as_well_as_a_connection(db: Any, receipt: Callable[..., Receipt]) -> None:
+    AuditLog(db).append(receipt())
+    log = AuditLog(db.open_table(AUDIT))
+    assert log.append(receipt()).seq == 2 and log.verify().ok
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kind": "lookup"}, "kind"),
+        ({"operation": "drop"}, "operation"),
+        ({"subject": ""}, "subject"),
+        ({"withheld": -1}, "withheld"),
+        ({"allowed": 1}, "allowed"),
+        ({"query_fingerprint": "abc"}, "query_fingerprint"),
+        ({"query_fingerprint": fingerprint("another query")}, "sha256 of its query"),
+        ({"chunk_ids": "c1"}, "chunk_ids"),
+        ({"details": {"when": datetime.now(timezone.utc)}}, "JSON"),
+    ],
+)
+def test_malformed_receipt_is_refused_naming_the_field(
+    receipt: Callable[..., Receipt], overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        receipt(**overrides)
+
+
+def test_existing_audit_table_with_another_schema_is_refused(db: Any) -> None:
+    db.create_table(AUDIT, schema=pa.schema([pa.field("seq", pa.int64())]))
+    with pytest.raises(WarehouseError, match="schema"):
+        AuditLog(db)
+
+
+# -- tamper evidence -----------------------------------------------------------------------
+
+
+def test_edited_field_is_detected_at_its_seq(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
+    log, _ = five
+    db.open_table(AUDIT).update(where="seq = 3", values={"subject": "user:mallory"})
+    report = log.verify()
+    assert not report.ok
+    assert report.problems == ("seq 3: hash does not match the receipt's content (edited or forged)",)
+
+
+def test_deleted_receipt_is_detected(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
+    log, _ = five
+    db.open_table(AUDIT).delete("seq = 3")
+    report = log.verify()
+    assert not report.ok and report.receipts == 4
+    assert problems_about(report, 3) == ["seq 3: missing (deleted or renumbered)"]
+    assert problems_about(report, 4) == ["seq 4: prev_hash is not the hash of the receipt before it (seq 2)"]
+
+
+def test_forged_receipt_inserted_with_plausible_seq_and_prev_hash_is_detected(
+    five: tuple[AuditLog, list[StoredReceipt]], db: Any
+) -> None:
+    """The forger links to seq 2 and even computes a correct sha256 for the forged row: the
+    duplicate seq, and seq 4 still linking to the genuine seq 3, give it away."""
+    log, _ = five
+    table = db.open_table(AUDIT)
+    rows = rows_of(table)
+    forged = {**rows[2], "receipt_id": "forged", "subject": "user:nobody", "prev_hash": rows[1]["hash"]}
+    forged["hash"] = plain_hash(forged)
+    table.add(pa.Table.from_pylist([forged], schema=AUDIT_SCHEMA))
+    report = log.verify()
+    assert not report.ok and report.receipts == 6
+    assert any("seq 3: appears more than once" in p for p in report.problems)
+
+
+def test_forged_receipt_spliced_in_by_renumbering_the_rest_is_detected(
+    five: tuple[AuditLog, list[StoredReceipt]], db: Any
+) -> None:
+    log, _ = five
+    table = db.open_table(AUDIT)
+    rows = rows_of(table)
+    forged = {**rows[2], "receipt_id": "forged", "subject": "user:nobody"}
+    forged["hash"] = plain_hash(forged)
+    shifted = [{**row, "seq": row["seq"] + 1} for row in rows[2:]]
+    rewrite(table, rows[:2] + [forged] + shifted)
+    report = log.verify()
+    assert not report.ok and report.receipts == 6
+    assert problems_about(report, 3) == []  # the forged row itself is self-consistent
+    assert problems_about(report, 4)[0].startswith("seq 4: hash does not match")
+
+
+def test_reordered_receipts_are_detected(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
+    log, _ = five
+    table = db.open_table(AUDIT)
+    table.update(where="seq = 2", values={"seq": 1000})
+    table.update(where="seq = 4", values={"seq": 2})
+    table.update(where="seq = 1000", values={"seq": 4})
+    report = log.verify()
+    assert not report.ok and report.receipts == 5
+    for seq in (2, 4):
+        assert f"seq {seq}: hash does not match the receipt's content (edited or forged)" in report.problems
+    assert any(p.startswith("seq 3: prev_hash") for p in report.problems)
+
+
+def test_broken_genesis_is_detected(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
+    log, _ = five
+    table = db.open_table(AUDIT)
+    (first, *rest) = rows_of(table)
+    first = {**first, "prev_hash": "f" * 64}
+    first["hash"] = plain_hash(first)
+    rest[0] = {**rest[0], "prev_hash": first["hash"]}
+    rest[0]["hash"] = plain_hash(rest[0])
+    for i in range(1, len(rest)):
+        rest[i] = {**rest[i], "prev_hash": rest[i - 1]["hash"]}
+        rest[i]["hash"] = plain_hash(rest[i])
+    rewrite(table, [first, *rest])
+    assert log.verify().problems == ("seq 1: first receipt's prev_hash is not the genesis value (64 zeros)",)
+
+
+def test_truncated_tail_is_not_detectable_by_the_chain_alone(
+    five: tuple[AuditLog, list[StoredReceipt]], db: Any
+) -> None:
+    """Deleting the newest receipts leaves a shorter chain that is still valid: nothing left in
+    the table can show the tail existed. Only a head recorded elsewhere (``head()``) reveals it."""
+    log, stored = five
+    anchor = log.head()
+    db.open_table(AUDIT).delete("seq >= 4")
+    report = log.verify()
+    assert report.ok and report.receipts == 3 and report.problems == ()
+    assert log.head() == (3, stored[2].hash) != anchor
+
+
+def test_hmac_key_detects_a_rewrite_that_recomputes_plain_sha256_hashes(
+    db: Any, receipt: Callable[..., Receipt]
+) -> None:
+    key = b"kept-away-from-the-table"
+    log = AuditLog(db, key=key)
+    for i in range(4):
+        log.append(receipt(subject=f"user:u{i}"))
+    assert log.verify().ok
+    table = db.open_table(AUDIT)
+    rows = rows_of(table)
+    prev = GENESIS_HASH
+    for row in rows:  # edit seq 2, then re-chain everything with sha256 as a forger would
+        if row["seq"] == 2:
+            row["subject"] = "user:mallory"
+        row["prev_hash"] = prev
+        row["hash"] = prev = plain_hash(row)
+    rewrite(table, rows)
+    report = log.verify()
+    assert not report.ok
+    assert [p for p in report.problems if "hash does not match" in p] == [
+        f"seq {seq}: hash does not match the receipt's content (edited or forged)" for seq in (1, 2, 3, 4)
+    ]
+
+
+def test_without_a_key_a_full_rewrite_with_recomputed_hashes_passes(
+    five: tuple[AuditLog, list[StoredReceipt]], db: Any
+) -> None:
+    """The honest limit of a plain sha256 chain: it shows damage, not a deliberate rewrite."""
+    log, _ = five
+    table = db.open_table(AUDIT)
+    rows = rows_of(table)
+    prev = GENESIS_HASH
+    for row in rows:
+        row["subject"] = "user:mallory"
+        row["prev_hash"] = prev
+        row["hash"] = prev = plain_hash(row)
+    rewrite(table, rows)
+    assert log.verify().ok
+
+
+def test_a_writer_with_another_key_is_refused_and_verify_says_why(db: Any, receipt: Callable[..., Receipt]) -> None:
+    AuditLog(db, key=b"right").append(receipt())
+    for other in (AuditLog(db, key=b"wrong"), AuditLog(db)):
+        with pytest.raises(ConfigurationError, match="HMAC key"):
+            other.append(receipt())
+        report = other.verify()
+        assert not report.ok and report.problems[0].startswith("table:")
+    assert AuditLog(db, key=b"right").verify().ok
+
+
+# -- queries -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def varied(db: Any, receipt: Callable[..., Receipt]) -> tuple[AuditLog, list[datetime]]:
+    """Four receipts with distinct chunks, docs, subjects, labels, tenants and operations, and
+    the instants between them (before 1, between 1 and 2, ..., after 4)."""
+    log = AuditLog(db)
+    marks = []
+    specs = [
+        {"chunk_ids": ("c1",), "doc_ids": ("d1",), "chunk_labels": {"c1": ("finance",)}},
+        {"chunk_ids": ("c1", "c2"), "doc_ids": ("d1", "d2"), "chunk_labels": {"c2": ("hr",)}, "subject": "user:bob"},
+        {"chunk_ids": (), "doc_ids": ("d3",), "chunk_labels": {}, "tenant": "globex", "operation": "forget",
+         "kind": "decision", "query": None},
+        {"chunk_ids": ("c3",), "doc_ids": ("d2",), "chunk_labels": {"c3": ("hr", "pii")}, "subject": "user:o'brien"},
+    ]  # fmt: skip
+    for spec in specs:
+        marks.append(datetime.now(timezone.utc))
+        time.sleep(0.002)
+        log.append(receipt(**spec))
+        time.sleep(0.002)
+    marks.append(datetime.now(timezone.utc))
+    return log, marks
+
+
+def seqs(found: list[StoredReceipt]) -> list[int]:
+    return [r.seq for r in found]
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        ({}, [4, 3, 2, 1]),
+        ({"chunk_id": "c1"}, [2, 1]),
+        ({"doc_id": "d2"}, [4, 2]),
+        ({"subject": "user:bob"}, [2]),
+        ({"subject": "user:o'brien"}, [4]),
+        ({"label": "hr"}, [4, 2]),
+        ({"label": "pii"}, [4]),
+        ({"tenant": "globex"}, [3]),
+        ({"operation": "forget"}, [3]),
+        ({"tenant": "acme", "label": "hr", "subject": "user:alice"}, []),
+        ({"chunk_id": "c1", "subject": "user:alice"}, [1]),
+        ({"limit": 2}, [4, 3]),
+        ({"label": "hr", "limit": 1}, [4]),
+        ({"limit": 0}, []),
+    ],
+)
+def test_query_filters_select_exactly_the_matching_receipts_newest_first(
+    varied: tuple[AuditLog, list[datetime]], filters: dict[str, Any], expected: list[int]
+) -> None:
+    log, _ = varied
+    assert seqs(log.query(**filters)) == expected
+
+
+def test_query_time_range_is_since_inclusive_until_exclusive(varied: tuple[AuditLog, list[datetime]]) -> None:
+    log, marks = varied
+    assert seqs(log.query(since=marks[1])) == [4, 3, 2]
+    assert seqs(log.query(until=marks[2])) == [2, 1]
+    assert seqs(log.query(since=marks[1], until=marks[3])) == [3, 2]
+    (second,) = log.query(since=marks[1], until=marks[2])
+    assert seqs(log.query(since=second.time, until=second.time + timedelta(microseconds=1))) == [2]
+    assert seqs(log.query(since=second.time, until=second.time)) == []
+    in_another_zone = marks[1].astimezone(timezone(timedelta(hours=-5)))
+    assert seqs(log.query(since=in_another_zone)) == [4, 3, 2]
+
+
+HOSTILE = ["x' OR '1'='1", "' OR 1=1 --", "acme') OR (1=1", "c1' OR true OR 'a", "user:o''brien", "%", "*"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+@pytest.mark.parametrize("name", ["chunk_id", "doc_id", "subject", "label", "tenant", "operation"])
+def test_hostile_filter_values_match_nothing_extra(
+    varied: tuple[AuditLog, list[datetime]], name: str, value: str
+) -> None:
+    log, _ = varied
+    assert log.query(**{name: value}) == []
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{"subject": "a\x00b"}, {"tenant": 3}, {"since": datetime(2025, 1, 1)}, {"until": "2025-01-01"}, {"limit": -1}],
+)
+def test_malformed_query_arguments_are_refused(
+    varied: tuple[AuditLog, list[datetime]], filters: dict[str, Any]
+) -> None:
+    log, _ = varied
+    with pytest.raises(InvalidRequestError):
+        log.query(**filters)
+
+
+# -- compaction and concurrent writers -----------------------------------------------------
+
+
+def test_compaction_keeps_the_chain_and_merges_the_small_files(db: Any, receipt: Callable[..., Receipt]) -> None:
+    log = AuditLog(db, compact_every=5)
+    for _ in range(12):
+        log.append(receipt())
+    table = db.open_table(AUDIT)
+    assert len(table.to_lance().get_fragments()) <= 3  # one merged file, then seq 11 and 12
+    report = log.verify()
+    assert report.ok and report.receipts == 12
+
+
+def _writer(warehouse: str, name: str, count: int, start: Any, result: str) -> None:
+    """Body of one spawned writer: wait for the start signal, append ``count`` receipts."""
+    log = AuditLog(connect(Path(warehouse)), compact_every=7)
+    start.wait(60)
+    began = time.perf_counter()
+    seqs = [
+        log.append(
+            Receipt(kind="retrieval", operation="search", subject=f"user:{name}", tenant="acme", allowed=True,
+                    reason=f"{name} #{i}", chunk_ids=(f"{name}-{i}",))
+        ).seq
+        for i in range(count)
+    ]  # fmt: skip
+    Path(result).write_text(
+        json.dumps({"seqs": seqs, "lost_races": log.lost_races, "seconds": time.perf_counter() - began})
+    )
+
+
+def test_concurrent_spawned_writers_give_one_complete_valid_chain(tmp_path: Path, warehouse: Path) -> None:
+    writers, each = 3, 20
+    AuditLog(connect(warehouse))  # create the table before the race
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    results = [tmp_path / f"writer-{i}.json" for i in range(writers)]
+    processes = [
+        context.Process(
+            target=runpy.run_path,
+            args=(__file__,),
+            kwargs={
+                "run_name": "audit_writer",
+                "init_globals": {"WRITER": (str(warehouse), f"w{i}", each, start, str(results[i]))},
+            },
+        )
+        for i in range(writers)
+    ]
+    for process in processes:
+        process.start()
+    time.sleep(0.5)
+    start.set()
+    for process in processes:
+        process.join(120)
+    assert [p.exitcode for p in processes] == [0] * writers
+
+    outcomes = [json.loads(path.read_text()) for path in results]
+    claimed = sorted(seq for outcome in outcomes for seq in outcome["seqs"])
+    assert claimed == list(range(1, writers * each + 1))  # no seq lost, none given twice
+    log = AuditLog(connect(warehouse))
+    report = log.verify()
+    assert report.ok and report.receipts == writers * each, report.problems
+    mine = {r.reason for r in log.query(subject="user:w1")}
+    assert mine == {f"w1 #{i}" for i in range(each)}
+    print(
+        "concurrent writers:",
+        [(o["lost_races"], round(o["seconds"], 2)) for o in outcomes],
+        "(lost races, seconds) per writer",
+    )
+
+
+if __name__ == "audit_writer":  # run in a spawned process by runpy (see the test above)
+    _writer(*WRITER)  # type: ignore[name-defined]  # noqa: F821

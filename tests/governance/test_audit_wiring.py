@@ -1,0 +1,68 @@
+"""Every retrieval and every operation decision leaves a receipt, and the chain stays verifiable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ragwarden.api.cli import main
+from ragwarden.errors import NotFoundError
+
+
+@pytest.fixture
+def audited_warehouse(demo_policy_warehouse, make_record):
+    """Demo policy, one finance record, one search by alice, one refused derive by dave."""
+    wh = demo_policy_warehouse
+    wh.ingest_records([make_record()])
+    wh.search("budget review", subject="user:alice", tenant="acme", k=3, actor="agent:helper", purpose="weekly report")
+    with pytest.raises(NotFoundError):
+        wh.derive("x", parents=wh.store.chunk_ids_of("doc-1"), subject="user:dave", tenant="acme")
+    return wh
+
+
+def test_search_receipt_records_who_what_and_versions_but_not_the_query(audited_warehouse):
+    (receipt,) = audited_warehouse.audit.query(operation="search")
+    chunk_id = audited_warehouse.store.chunk_ids_of("doc-1")[0]
+    assert (receipt.subject, receipt.actor, receipt.tenant, receipt.purpose) == ("user:alice", "agent:helper", "acme", "weekly report")
+    assert receipt.chunk_ids == (chunk_id,) and dict(receipt.chunk_labels) == {chunk_id: ("finance",)}
+    assert receipt.query is None and len(receipt.query_fingerprint) == 64
+    assert receipt.policy_version == audited_warehouse.policy.version
+    assert receipt.table_version == audited_warehouse.store.chunks.version
+    assert receipt.withheld == 0
+
+
+def test_operations_leave_decision_receipts_allowed_and_refused(audited_warehouse):
+    receipts = audited_warehouse.audit.query()
+    by_operation = {(r.operation, r.allowed) for r in receipts}
+    assert {("ingest", True), ("search", True), ("derive", False)} <= by_operation
+    refused = next(r for r in receipts if r.operation == "derive")
+    assert refused.subject == "user:dave" and "not found" in refused.reason
+    assert audited_warehouse.audit.verify().ok
+
+
+def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
+    runner = CliRunner()
+    args = ["--warehouse", audited_warehouse.uri]
+    verified = runner.invoke(main, ["audit", "verify", *args])
+    assert verified.exit_code == 0 and "3 receipts, intact" in verified.stdout
+    found = runner.invoke(main, ["audit", "query", "--label", "finance", *args])
+    assert [json.loads(line)["subject"] for line in found.stdout.splitlines()] == ["user:alice"]
+    audited_warehouse.audit._table.update(where="seq = 2", values={"subject": "user:mallory"})
+    tampered = runner.invoke(main, ["audit", "verify", *args])
+    assert tampered.exit_code == 1 and "seq 2" in tampered.stderr
+
+
+def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):
+    wh = audited_warehouse
+    chunk_id = wh.store.chunk_ids_of("doc-1")[0]
+    summary = wh.derive("Budget summary.", parents=[chunk_id], subject="user:alice", tenant="acme")
+    wh.search("budget summary", subject="user:alice", tenant="acme", k=5)
+    tree = wh.lineage("doc-1")
+    assert tree["source"]["doc_id"] == "doc-1" and tree["chunks"] == [chunk_id]
+    assert [d["chunk_id"] for d in tree["derived"]] == [summary.chunk_id]
+    returned = [r for r in tree["receipts"] if r["operation"] == "search"]
+    assert len(returned) == 2 and summary.chunk_id in returned[-1]["returned"]
+    result = CliRunner().invoke(main, ["lineage", "doc-1", "--warehouse", wh.uri])
+    assert json.loads(result.stdout)["derived"][0]["chunk_id"] == summary.chunk_id
