@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import ConfigurationError
@@ -19,6 +19,8 @@ class Settings:
 
     ``policy`` is a Casbin policy CSV; None means the warehouse's own installed policy.
     ``audit_key`` makes audit hashes HMACs; ``audit_raw_queries`` keeps raw queries in receipts.
+    ``openlineage_env`` is the ``OPENLINEAGE*`` environment (transport configuration);
+    ``lineage_dir`` holds the lineage spool (default: ``_lineage`` in a local warehouse).
     """
 
     warehouse: str = DEFAULT_WAREHOUSE
@@ -30,6 +32,8 @@ class Settings:
     write_batch_docs: int = 64
     audit_key: bytes | None = None
     audit_raw_queries: bool = False
+    lineage_dir: Path | None = None
+    openlineage_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs"):
@@ -60,6 +64,9 @@ class Settings:
                 raise ConfigurationError(
                     f"RAGWARDEN_MAX_FILE_BYTES must be a whole number of bytes, got {env['RAGWARDEN_MAX_FILE_BYTES']!r}"
                 ) from None
+        if env.get("RAGWARDEN_LINEAGE_DIR"):
+            values["lineage_dir"] = Path(env["RAGWARDEN_LINEAGE_DIR"])
+        values["openlineage_env"] = {k: v for k, v in env.items() if k.startswith("OPENLINEAGE")}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 

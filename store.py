@@ -19,6 +19,7 @@ from lancedb.index import FTS
 
 from .errors import WarehouseError
 from .governance.policy import Policy
+from .governance.tags import GovernanceTags
 from .governance.sql import sql_in_list, sql_list, sql_string
 from .schema import (
     CHUNKS,
@@ -116,6 +117,17 @@ class Store:
         fields = list(SourceState.__dataclass_fields__)
         rows = self._rows_where_in(self.sources, "doc_id", doc_ids, fields)
         return {row["doc_id"]: SourceState(**{k: row[k] for k in fields}) for row in rows}
+
+    def source_tags(self, doc_ids: Iterable[str]) -> list[GovernanceTags]:
+        """The current tags of source documents (for lineage summaries)."""
+        rows = self._rows_where_in(self.sources, "doc_id", doc_ids, ["doc_id", *TAG_COLUMNS])
+        registry = self.clause_registry()
+        return [GovernanceTags.from_row(row, registry) for row in rows]
+
+    @property
+    def local_path(self) -> Path | None:
+        """The warehouse folder, when the warehouse is on the local file system."""
+        return Path(self.uri.removeprefix("file://")) if _is_local(self.uri) else None
 
     def vectors_of(self, chunk_ids: Iterable[str]) -> dict[str, list[float]]:
         """Stored vectors of chunks that already exist, so unchanged text is never re-embedded."""

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .config import Settings
-from .embedder import Embedder
-from .errors import InvalidSourceError, NotFoundError, PermissionDeniedError
+from .embedder import MODEL_NAME, Embedder
+from .errors import ConfigurationError, InvalidSourceError, NotFoundError, PermissionDeniedError
 from .governance.audit import AuditLog, Receipt, fingerprint
 from .governance.explain import Explanation, explain_row, not_visible
+from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary, LineageEmitter
 from .governance.policy import Policy
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
@@ -42,6 +43,7 @@ class Warehouse:
         self.embedder = embedder or Embedder(batch_size=settings.embed_batch_size)
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension)
         self.audit = AuditLog(self.store.db, key=settings.audit_key)
+        self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
         self._explicit_policy = Policy.from_file(settings.policy) if settings.policy else None
         self._searcher = Searcher(self.store, self.embedder)
         self._lifecycle = Lifecycle(self.store, self.embedder)
@@ -50,6 +52,31 @@ class Warehouse:
     @property
     def uri(self) -> str:
         return self.settings.warehouse
+
+    def _lineage_dir(self) -> Path:
+        if self.settings.lineage_dir is not None:
+            return self.settings.lineage_dir
+        if self.store.local_path is None:
+            raise ConfigurationError(
+                f"warehouse {self.uri!r} is not a local folder: set RAGWARDEN_LINEAGE_DIR for the lineage spool"
+            )
+        return self.store.local_path / "_lineage"
+
+    def _tracked(
+        self, job: str, sources: Iterable[str], action: Callable[[], T], output: Callable[[T], ChunksOutput]
+    ) -> T:
+        """Run ``action`` as an OpenLineage run: START, then COMPLETE with ``output`` or FAIL."""
+        with self.openlineage.run(job, sources) as scope:  # type: ignore[arg-type]
+            result = action()
+            scope.output = output(result)
+        return result
+
+    def _chunks_output(self, rows: int, **facets: Any) -> ChunksOutput:
+        return ChunksOutput(version=self.store.chunks.version, schema=self.store.chunks.schema, rows=rows, **facets)
+
+    @property
+    def _embedding(self) -> Embedding:
+        return Embedding(model=self.embedder.name, dimension=self.embedder.dimension)
 
     @property
     def policy(self) -> Policy | None:
@@ -117,17 +144,19 @@ class Warehouse:
             default_tenant=tenant,
             max_bytes=self.settings.max_file_bytes,
         )
-        return self._run(outcomes, progress, subject)
+        return self._run(outcomes, progress, subject, [str(Path(p).resolve()) for p in items])
 
     def ingest_records(
         self, records: Iterable[Mapping[str, Any]], *, progress: bool | None = False, subject: str = OPERATOR
     ) -> IngestReport:
         """Ingest records given as dicts in the JSONL format of DESIGN §6."""
+        records = list(records)
         outcomes = (o for n, r in enumerate(records, start=1) for o in record_outcome(r, f"record {n}"))
-        return self._run(outcomes, progress, subject)
+        sources = [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)]
+        return self._run(outcomes, progress, subject, sources)
 
-    def _run(self, outcomes: Iterable[Any], progress: bool | None, subject: str) -> IngestReport:
-        def run() -> IngestReport:
+    def _run(self, outcomes: Iterable[Any], progress: bool | None, subject: str, sources: list[str]) -> IngestReport:
+        def ingest() -> IngestReport:
             return run_ingest(
                 outcomes,
                 store=self.store,
@@ -136,6 +165,19 @@ class Warehouse:
                 batch_docs=self.settings.write_batch_docs,
                 progress=progress,
             )
+
+        def output(report: IngestReport) -> ChunksOutput:
+            chunking = Chunking(
+                tokenizer=f"{MODEL_NAME} WordPiece",
+                window=self.embedder.max_tokens,
+                overlap=self.settings.chunk_overlap,
+                chunk_count=report.chunks,
+            )
+            governance = GovernanceSummary.of(self.store.source_tags(report.written), documents=report.documents)
+            return self._chunks_output(report.chunks, chunking=chunking, embedding=self._embedding, governance=governance)
+
+        def run() -> IngestReport:
+            return self._tracked("ingest", sources, ingest, output)
 
         return self._decided(
             "ingest",
@@ -206,8 +248,17 @@ class Warehouse:
             "derive",
             subject,
             tenant,
-            lambda: self._lifecycle.derive(
-                text, parents=parents, policy=self.policy, subject=subject, tenant=tenant, kind=kind
+            lambda: self._tracked(
+                "derive",
+                [f"{self.uri}/chunks"],
+                lambda: self._lifecycle.derive(
+                    text, parents=parents, policy=self.policy, subject=subject, tenant=tenant, kind=kind
+                ),
+                lambda row: self._chunks_output(
+                    1,
+                    embedding=self._embedding,
+                    governance=GovernanceSummary.of([row.tags], documents=0, derived_rows=1),
+                ),
             ),
             lambda row: {
                 "reason": f"{row.kind} derived from {len(row.parents)} parents",
@@ -220,13 +271,22 @@ class Warehouse:
     def sync(self, records: PathLike | Iterable[Mapping[str, Any]], *, subject: str = OPERATOR) -> SyncReport:
         """Apply changed ACLs, labels or classifications (JSONL records, or a JSONL file) to the
         documents' chunks and to every row derived from them, without re-embedding."""
-        if isinstance(records, str | Path):
-            records = _read_sync_file(Path(records))
+        records = _read_sync_file(Path(records)) if isinstance(records, str | Path) else list(records)
         return self._decided(
             "sync",
             subject,
             "*",
-            lambda: self._lifecycle.sync(records),
+            lambda: self._tracked(
+                "sync",
+                [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)],
+                lambda: self._lifecycle.sync(records),
+                lambda report: self._chunks_output(
+                    report.chunks + report.derived,
+                    governance=GovernanceSummary.of(
+                        self.store.source_tags(report.documents), documents=len(report.documents), derived_rows=report.derived
+                    ),
+                ),
+            ),
             lambda report: {
                 "reason": f"re-tagged {report.chunks} chunks and {report.derived} derived rows",
                 "doc_ids": report.documents,
@@ -239,7 +299,9 @@ class Warehouse:
             "forget",
             subject,
             "*",
-            lambda: self._lifecycle.forget(doc_id, reason=reason),
+            lambda: self._tracked(
+                "forget", [f"doc:{doc_id}"], lambda: self._lifecycle.forget(doc_id, reason=reason), lambda _: self._chunks_output(0)
+            ),
             lambda report: {
                 "reason": reason,
                 "doc_ids": (report.doc_id,),

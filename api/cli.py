@@ -292,13 +292,38 @@ def _receipt_json(receipt: Any) -> dict[str, Any]:
     return data
 
 
-@main.command("lineage")
+class _LineageGroup(click.Group):
+    """``lineage ID`` means ``lineage show ID``; ``lineage flush`` is its own command."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["show", *args]
+        return super().resolve_command(ctx, args)
+
+
+@main.group(cls=_LineageGroup)
+def lineage() -> None:
+    """A document's lineage (`lineage ID`), and delivery of OpenLineage events (`lineage flush`)."""
+
+
+@lineage.command("show")
 @click.argument("item_id")
 @_common_options
-def lineage_command(item_id: str, settings: Settings) -> None:
+def lineage_show(item_id: str, settings: Settings) -> None:
     """Show ITEM_ID's lineage (a document or row id): source -> chunks -> derived rows -> the
-    receipts that returned them, as JSON."""
+    receipts that returned them, as JSON. `ragwarden lineage ID` is the same."""
     click.echo(json.dumps(Warehouse(settings).lineage(item_id), indent=2, ensure_ascii=False))
+
+
+@lineage.command("flush")
+@_common_options
+def lineage_flush(settings: Settings) -> None:
+    """Send the OpenLineage events spooled while the lineage backend was down, oldest first
+    (each run also does this as it starts). Exit 1 if some are still pending."""
+    report = Warehouse(settings).openlineage.flush()
+    click.echo(f"sent {report.sent}, set aside {report.rejected}, still pending {report.pending}")
+    if report.pending:
+        sys.exit(1)
 
 
 @main.group()

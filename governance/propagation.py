@@ -22,7 +22,7 @@ def propagate(parents: Sequence[GovernanceTags]) -> GovernanceTags:
     clauses = {clause for parent in parents for clause in parent.acl_clauses}
     return GovernanceTags(
         tenant=parents[0].tenant,
-        acl_clauses=tuple(sorted(clauses, key=sorted)),
+        acl_clauses=tuple(clauses),
         acl_deny=frozenset().union(*(p.acl_deny for p in parents)),
         labels=frozenset().union(*(p.labels for p in parents)),
         classification=max(p.classification for p in parents),

@@ -114,6 +114,9 @@ class GovernanceTags:
     classification: Classification = Classification.PUBLIC
 
     def __post_init__(self) -> None:
+        # one canonical clause order (by token), so equal tags compare equal however they were built
+        canonical = tuple(sorted({frozenset(c) for c in self.acl_clauses}, key=clause_token))
+        object.__setattr__(self, "acl_clauses", canonical)
         problems = [tenant_problem(self.tenant)]
         problems += [principal_problem(p) for clause in self.acl_clauses for p in clause]
         problems += [principal_problem(p) for p in self.acl_deny]

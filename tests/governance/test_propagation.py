@@ -70,3 +70,10 @@ def test_propagation_refuses_parents_in_several_tenants() -> None:
 def test_propagation_refuses_no_parents() -> None:
     with pytest.raises(ValueError, match="at least one parent"):
         propagate([])
+
+
+def test_equal_tags_compare_equal_whatever_the_clause_order():
+    from ragwarden.governance.tags import GovernanceTags
+
+    a, b = frozenset({"group:a"}), frozenset({"group:b", "user:c"})
+    assert GovernanceTags(tenant="t", acl_clauses=(a, b)) == GovernanceTags(tenant="t", acl_clauses=(b, a, b))
