@@ -345,13 +345,28 @@ class Warehouse:
 
     def access_review(self, *, subject: str, tenant: str, caller: str | None = None) -> AccessReview:
         """What ``subject`` can read in ``tenant``, by source, label and classification."""
-        policy = self._require(caller or subject, subject, tenant)
-        return access_review(self.store, self._searcher, policy, subject, tenant)
+        caller = caller or subject
+        return self._decided(
+            "audit",
+            caller,
+            tenant,
+            lambda: access_review(self.store, self._searcher, self._require(caller, subject, tenant), subject, tenant),
+            lambda review: {"reason": f"access review of {subject}: {review.rows} readable rows"},
+        )
 
     def inventory(self, *, label: str, tenant: str, caller: str) -> dict[str, list[str]]:
         """Every row carrying ``label`` in ``tenant``, grouped by source; needs ``audit``."""
-        self._require(caller, None, tenant)
-        return inventory(self.store, label, tenant)
+        def run() -> dict[str, list[str]]:
+            self._require(caller, None, tenant)
+            return inventory(self.store, label, tenant)
+
+        return self._decided(
+            "audit",
+            caller,
+            tenant,
+            run,
+            lambda found: {"reason": f"inventory of label {label!r}: {len(found)} sources", "doc_ids": tuple(found)},
+        )
 
     def lineage(self, item_id: str) -> dict[str, Any]:
         """A source or row's lineage: source -> chunks -> derived rows -> the receipts that returned them."""

@@ -34,3 +34,12 @@ def test_inventory_groups_labelled_rows_by_source_including_derived(demo_policy_
     assert found == {"a": sorted([parents[0], derived.chunk_id]), "b": sorted([parents[1], derived.chunk_id])}
     with pytest.raises(PermissionDeniedError):
         wh.inventory(label="finance", tenant="acme", caller="user:alice")
+
+
+def test_reviews_leave_audit_receipts_allowed_and_refused(demo_policy_warehouse):
+    wh = demo_policy_warehouse
+    wh.access_review(subject="user:dave", tenant="acme", caller="user:carol")
+    with pytest.raises(PermissionDeniedError):
+        wh.inventory(label="pii", tenant="acme", caller="user:dave")
+    receipts = wh.audit.query(operation="audit")
+    assert [(r.subject, r.allowed) for r in receipts] == [("user:dave", False), ("user:carol", True)]
