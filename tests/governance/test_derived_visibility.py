@@ -12,11 +12,8 @@ tenants are refused.
 
 from __future__ import annotations
 
-import csv
-import io
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import lancedb
@@ -24,81 +21,14 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.policy_worlds import World, look_alike_worlds
 
 from ragwarden.governance.compiler import SubjectView, compile_filter
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.propagation import propagate
-from ragwarden.governance.tags import EVERYONE, Classification, GovernanceTags
+from ragwarden.governance.tags import EVERYONE, GovernanceTags
 from ragwarden.governance.visibility import check_row
 from ragwarden.schema import chunks_schema
-
-# Name pools: quotes, commas, SQL comment and LIKE characters, a combining accent, and a Cyrillic
-# "а" that looks like the Latin one (so "аcme" and "user:аlice" are look-alikes, not the same).
-TENANTS = ["acme", "аcme", "glo'bex", "日本 e\u0301"]
-USERS = ["user:alice", "user:аlice", "user:o'neil", "user:b%_b"]
-GROUPS = ["group:fin", "group:hr,ops", "group:staff", 'group:q"t', "group:x--y", "group:日本"]
-LABELS = ["pii", "fin'ance", "hr%", "a,b", "日本"]
-EFFECTS = st.sampled_from(["allow", "allow", "allow", "deny"])
-
-
-@dataclass(frozen=True)
-class World:
-    """One random policy, as its parts and as the CSV text the Policy loads."""
-
-    tenants: list[str]
-    users: list[str]
-    groups: list[str]
-    memberships: list[tuple[str, str, str]]  # (member, group, tenant)
-    permissions: list[tuple[str, str, str, str]]  # (principal, tenant, object, effect)
-
-    def csv_text(self) -> str:
-        out = io.StringIO()
-        writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
-        for member, group, tenant in self.memberships:
-            writer.writerow(["g", member, group, tenant])
-        for principal, tenant, obj, effect in self.permissions:
-            writer.writerow(["p", principal, tenant, obj, "read", effect])
-        return out.getvalue()
-
-    @property
-    def principals(self) -> list[str]:
-        return [*self.users, *self.groups, EVERYONE]
-
-
-@st.composite
-def worlds(draw: st.DrawFn, *, min_tenants: int = 1) -> World:
-    tenants = draw(st.lists(st.sampled_from(TENANTS), min_size=min_tenants, max_size=2, unique=True))
-    users = draw(st.lists(st.sampled_from(USERS), min_size=1, max_size=3, unique=True))
-    groups = draw(st.lists(st.sampled_from(GROUPS), max_size=4, unique=True))
-    memberships: list[tuple[str, str, str]] = []
-    if groups:
-        edges = draw(
-            st.lists(
-                st.tuples(st.sampled_from(users + groups), st.sampled_from(groups), st.sampled_from(tenants)),
-                max_size=10,
-            )
-        )
-        # groups nest only "upwards" in list order: no cycles, and at most four levels deep
-        memberships = [
-            (member, group, tenant)
-            for member, group, tenant in edges
-            if not member.startswith("group:") or groups.index(member) < groups.index(group)
-        ]
-    principals = [*users, *groups, EVERYONE]
-    label_rules = st.tuples(
-        st.sampled_from([EVERYONE] * len(principals) + principals),  # everyone about half the time
-        st.sampled_from(tenants),
-        st.sampled_from(LABELS).map(lambda label: "label:" + label),
-        EFFECTS,
-    )
-    level_rules = st.tuples(
-        st.sampled_from([EVERYONE] * len(principals) + principals),
-        st.sampled_from(tenants),
-        st.sampled_from(list(Classification)).map(lambda level: "classification:" + level.label),
-        EFFECTS,
-    )
-    permissions = draw(st.lists(label_rules, max_size=8)) + draw(st.lists(level_rules, max_size=5))
-    return World(tenants=tenants, users=users, groups=groups, memberships=memberships, permissions=permissions)
 
 
 def parent_tags(world: World, tenant: str, friend: str | None = None) -> st.SearchStrategy[GovernanceTags]:
@@ -109,6 +39,8 @@ def parent_tags(world: World, tenant: str, friend: str | None = None) -> st.Sear
     the friend joins directly, and denies, labels and levels above public are rarer: such parents
     are often all visible to the friend, which random tags of four parents seldom are."""
     principals = world.principals
+    # "unruled" is a label no rule names: nobody is cleared for it
+    label_pool = [*world.labels, "unruled"]
     joined = sorted({g for member, g, where in world.memberships if member == friend and where == tenant})
     # a die for each of a deny, labels and a level above public: one face in 11 with a friend, one
     # in 3 without (sampled_from, since one_of does not weigh repeated branches evenly); it
@@ -125,8 +57,7 @@ def parent_tags(world: World, tenant: str, friend: str | None = None) -> st.Sear
         else:
             allow = draw(st.lists(st.sampled_from(principals), min_size=1, max_size=3))
         deny = draw(st.lists(st.sampled_from(principals), min_size=1, max_size=2)) if draw(spoil) else []
-        # "unruled" is a label no rule names: nobody is cleared for it
-        labels = draw(st.lists(st.sampled_from([*LABELS, "unruled"]), min_size=1, max_size=2)) if draw(spoil) else []
+        labels = draw(st.lists(st.sampled_from(label_pool), min_size=1, max_size=2)) if draw(spoil) else []
         level = draw(st.sampled_from([1, 2, 3])) if draw(spoil) else 0
         return GovernanceTags.for_source(tenant=tenant, allow=allow, deny=deny, labels=labels, classification=level)
 
@@ -140,7 +71,7 @@ def derivations(draw: st.DrawFn) -> tuple[World, list[GovernanceTags], list[tupl
     """A policy, one to four parents in one of its tenants, and one to three (subject, tenant)
     questions, asked mostly in the parents' tenant; about half the time the parents are drawn with
     a friend (see ``parent_tags``), who asks the first question, in the parents' tenant."""
-    world = draw(worlds())
+    world = draw(look_alike_worlds())
     tenant = draw(st.sampled_from(world.tenants))
     ask = st.tuples(
         st.sampled_from([*world.users, "user:stranger"]), st.sampled_from([*world.tenants, tenant, tenant])
@@ -221,7 +152,7 @@ def test_derived_row_is_visible_exactly_to_subjects_who_see_every_parent(
 @st.composite
 def parents_in_two_tenants(draw: st.DrawFn) -> list[GovernanceTags]:
     """Two to four parents, at least one in each of two tenants, in any order."""
-    world = draw(worlds(min_tenants=2))
+    world = draw(look_alike_worlds(min_tenants=2))
     first, second = world.tenants
     parents = [draw(parent_tags(world, first)), draw(parent_tags(world, second))]
     parents += draw(st.lists(st.sampled_from(world.tenants).flatmap(lambda t: parent_tags(world, t)), max_size=2))

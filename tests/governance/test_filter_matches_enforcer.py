@@ -10,108 +10,24 @@ not the Policy) calls visible.
 
 from __future__ import annotations
 
-import csv
-import io
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import lancedb
 import pyarrow as pa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.policy_worlds import World, hostile_worlds
 
 from ragwarden.governance.compiler import SubjectView, compile_filter
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.propagation import propagate
-from ragwarden.governance.tags import EVERYONE, Classification, GovernanceTags, label_problem
+from ragwarden.governance.tags import EVERYONE, Classification, GovernanceTags
 from ragwarden.governance.visibility import check_row
 from ragwarden.schema import chunks_schema
 
-# Pieces names are built from: SQL quoting and comment characters, LIKE wildcards, a backslash,
-# CSV delimiters and quotes, a comment marker, and unicode that looks like (or folds to) ASCII.
-ATOMS = [
-    "a", "b", "x", "fi", "'", "\\", "%", "--", "_", "é", "e\u0301", "日本", "ﬁ", "а", " ", "#", ",",
-    '"', ":", ";", "|", "OR", "1=1", ")", "(", "[", "]",
-]  # fmt: skip
-names = (
-    st.lists(st.sampled_from(ATOMS), min_size=1, max_size=4)
-    .map(lambda parts: "".join(parts).strip())
-    .filter(lambda name: label_problem(name) is None)
-)
-EFFECTS = st.sampled_from(["allow", "allow", "allow", "deny"])  # allow three times as often as deny
 UNKNOWN_TOKEN = "c-not-in-the-registry"
-
-
-@dataclass(frozen=True)
-class World:
-    """One random policy, as the raw rules the oracle reads and the CSV text the Policy loads."""
-
-    tenants: list[str]
-    users: list[str]
-    groups: list[str]
-    memberships: list[tuple[str, str, str]]  # (member, group, tenant)
-    permissions: list[tuple[str, str, str, str]]  # (principal, tenant, object, effect)
-    labels: list[str]
-
-    def csv_text(self) -> str:
-        out = io.StringIO()
-        writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
-        for member, group, tenant in self.memberships:
-            writer.writerow(["g", member, group, tenant])
-        for principal, tenant, obj, effect in self.permissions:
-            writer.writerow(["p", principal, tenant, obj, "read", effect])
-        return out.getvalue()
-
-
-@st.composite
-def worlds(draw: st.DrawFn) -> World:
-    tenants = draw(st.lists(names, min_size=1, max_size=3, unique=True))
-    users = ["user:" + n for n in draw(st.lists(names, min_size=1, max_size=4, unique=True))]
-    groups = ["group:" + n for n in draw(st.lists(names, min_size=0, max_size=5, unique=True))]
-    labels = draw(st.lists(names, min_size=1, max_size=4, unique=True))
-    memberships: list[tuple[str, str, str]] = []
-    if groups:
-        edges = draw(
-            st.lists(
-                st.tuples(st.sampled_from(users + groups), st.sampled_from(groups), st.sampled_from(tenants)),
-                max_size=12,
-            )
-        )
-        # groups nest only "upwards" in list order: no cycles, depth at most len(groups) <= 5
-        memberships = [
-            (member, group, tenant)
-            for member, group, tenant in edges
-            if not member.startswith("group:") or groups.index(member) < groups.index(group)
-        ]
-    principals = [*users, *groups, EVERYONE]
-    label_rules = draw(
-        st.lists(
-            st.tuples(
-                st.one_of(st.just(EVERYONE), st.sampled_from(principals)),
-                st.sampled_from(tenants),
-                st.sampled_from(labels).map(lambda label: "label:" + label),
-                EFFECTS,
-            ),
-            max_size=12,
-        )
-    )
-    level_rules = draw(
-        st.lists(
-            st.tuples(
-                st.sampled_from(principals),
-                st.sampled_from(tenants),
-                st.sampled_from(list(Classification)).map(lambda level: "classification:" + level.label),
-                EFFECTS,
-            ),
-            max_size=6,
-        )
-    )
-    permissions = draw(st.permutations(label_rules + level_rules))
-    return World(
-        tenants=tenants, users=users, groups=groups, memberships=memberships, permissions=permissions, labels=labels
-    )
 
 
 Parts = tuple[list[str], list[str], list[str], int]  # allow, deny, labels, classification of one source
@@ -123,7 +39,7 @@ def row_strategy(world: World) -> st.SearchStrategy[tuple[str, list[Parts], bool
     does not know. Weighted so that rows are often visible to someone: ``everyone`` on about half
     the allow lists, no deny and no labels on about two thirds each, a deny for ``everyone`` on
     about a sixth, and mostly public rows. Built once per world: strategies are costly to build."""
-    principals = [*world.users, *world.groups, EVERYONE]
+    principals = world.principals
     # a label the policy never names is possible too: such a label is readable by nobody
     labels = [*world.labels, "unruled"]
     allow = st.one_of(st.just([EVERYONE]), st.lists(st.sampled_from(principals), min_size=1, max_size=3))
@@ -150,7 +66,7 @@ def row_tags(tenant: str, parents: list[Parts]) -> GovernanceTags:
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[World, list[tuple[GovernanceTags, bool]], list[tuple[str, str]]]:
-    world = draw(worlds())
+    world = draw(hostile_worlds())
     rows = [
         (row_tags(tenant, parents), orphan)
         for tenant, parents, orphan in draw(st.lists(row_strategy(world), min_size=3, max_size=25))
