@@ -25,7 +25,7 @@ from pypdf import PdfReader
 
 from ..errors import InvalidSourceError
 from ..governance.tags import EVERYONE
-from .records import Outcome, Rejected, Skipped, SourceRecord, build_record
+from .records import Outcome, Rejected, Skipped, build_record
 
 MEDIA_TYPES = {
     ".txt": "text/plain",

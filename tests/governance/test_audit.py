@@ -114,7 +114,7 @@ def test_appended_receipts_form_a_valid_chain_from_genesis(five: tuple[AuditLog,
     log, stored = five
     assert [r.seq for r in stored] == [1, 2, 3, 4, 5]
     assert stored[0].prev_hash == GENESIS_HASH
-    assert all(later.prev_hash == earlier.hash for earlier, later in zip(stored, stored[1:]))
+    assert all(later.prev_hash == earlier.hash for earlier, later in zip(stored, stored[1:], strict=False))
     assert log.verify().ok and log.verify().receipts == 5 and log.verify().problems == ()
     assert log.head() == (5, stored[-1].hash)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import grp
-import os
 import pwd
 from collections.abc import Callable
 from pathlib import Path
