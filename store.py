@@ -7,7 +7,7 @@ latest commit: a replica never serves a revoked ACL from a stale handle.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -134,18 +134,24 @@ class Store:
         rows = self._rows_where_in(self.chunks, "chunk_id", chunk_ids, ["chunk_id", "vector"])
         return {row["chunk_id"]: row["vector"] for row in rows}
 
-    def replace_documents(self, doc_ids: list[str], chunk_rows: pa.Table, source_rows: pa.Table) -> None:
+    def replace_documents(
+        self, doc_ids: list[str], chunk_rows: pa.Table, source_rows: pa.Table, *, orphans: Sequence[str] = ()
+    ) -> None:
         """Make ``chunk_rows`` the only chunks of ``doc_ids``, in one commit.
 
         Old chunks of those documents are deleted in the same commit that adds the new ones,
-        so a reader sees the old version or the new one, never both or neither.
+        so a reader sees the old version or the new one, never both or neither. ``chunk_rows``
+        may also carry re-tagged derived rows, and ``orphans`` derived rows to delete with them.
         """
         if doc_ids:
+            gone = f"doc_id IN {sql_in_list(doc_ids)}"
+            if orphans:
+                gone += f" OR chunk_id IN {sql_in_list(orphans)}"
             (
                 self.chunks.merge_insert("chunk_id")
                 .when_matched_update_all()
                 .when_not_matched_insert_all()
-                .when_not_matched_by_source_delete(f"doc_id IN {sql_in_list(doc_ids)}")
+                .when_not_matched_by_source_delete(gone)
                 .execute(chunk_rows)
             )
         if source_rows.num_rows:
@@ -159,7 +165,10 @@ class Store:
         return {r["chunk_id"]: r for r in self._rows_where_in(self.chunks, "chunk_id", chunk_ids, wanted)}
 
     def chunk_ids_of(self, doc_id: str) -> list[str]:
-        rows = self._rows_where_in(self.chunks, "doc_id", [doc_id], ["chunk_id"])
+        return self.chunk_ids_of_documents([doc_id])
+
+    def chunk_ids_of_documents(self, doc_ids: Iterable[str]) -> list[str]:
+        rows = self._rows_where_in(self.chunks, "doc_id", doc_ids, ["chunk_id"])
         return sorted(r["chunk_id"] for r in rows)
 
     def derived_from(self, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -184,13 +193,19 @@ class Store:
         table = pa.Table.from_pylist(rows, schema=self.chunks.schema)
         self.chunks.merge_insert("chunk_id").when_not_matched_insert_all().execute(table)
 
-    def update_tags(self, rows: list[dict[str, Any]], sources: list[dict[str, Any]]) -> None:
-        """Rewrite governance columns of existing rows in one commit; vectors and text untouched."""
-        if rows:
+    def update_tags(
+        self, rows: list[dict[str, Any]], sources: list[dict[str, Any]], *, delete: Sequence[str] = ()
+    ) -> None:
+        """Rewrite governance columns of existing rows, and delete ``delete``, in one commit;
+        vectors and text untouched."""
+        if rows or delete:
             columns = ["chunk_id", *TAG_COLUMNS]
             schema = pa.schema([self.chunks.schema.field(c) for c in columns])
             table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in rows], schema=schema)
-            self.chunks.merge_insert("chunk_id").when_matched_update_all().execute(table)
+            merge = self.chunks.merge_insert("chunk_id").when_matched_update_all()
+            if delete:
+                merge = merge.when_not_matched_by_source_delete(f"chunk_id IN {sql_in_list(delete)}")
+            merge.execute(table)
         if sources:
             columns = ["doc_id", "tags_fingerprint", *TAG_COLUMNS]
             schema = pa.schema([self.sources.schema.field(c) for c in columns])

@@ -327,7 +327,7 @@ class Warehouse:
             if caller != subject and not auditor:
                 raise PermissionDeniedError(f"{caller} may explain only its own access; asking about {subject} needs audit")
             row = self.store.rows([chunk_id]).get(chunk_id)
-            if row is None:
+            if row is None or row["tenant"] != tenant:  # another tenant's row reads as a missing one
                 return not_visible(chunk_id, subject, tenant)
             explanation = explain_row(policy, subject, tenant, row, self.store.clause_registry())
             return explanation if explanation.allowed or auditor else not_visible(chunk_id, subject, tenant)

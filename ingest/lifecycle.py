@@ -121,6 +121,7 @@ class Lifecycle:
             "created_at": datetime.now(timezone.utc),
         }
         self.store.add_rows([row])
+        tags = self._settle(chunk_id, tags, parents)
         return DerivedRow(
             chunk_id=chunk_id,
             kind=kind,
@@ -128,6 +129,21 @@ class Lifecycle:
             tags=tags,
             table_version=self.store.chunks.version,
         )
+
+    def _settle(self, chunk_id: str, tags: GovernanceTags, parents: Sequence[str]) -> GovernanceTags:
+        """Close the race with a concurrent sync or forget: if a parent changed or vanished between
+        reading it and writing the new row, re-tag (or remove) the row from the parents as they are."""
+        current = self.store.rows(parents)
+        registry = self.store.clause_registry()
+        if len(current) == len(set(parents)):
+            now = propagate([GovernanceTags.from_row(row, registry) for row in current.values()])
+            if now.fingerprint() == tags.fingerprint():
+                return tags
+        derived, orphans = rederive(self.store, {p: current.get(p) for p in parents})
+        self.store.update_tags(derived, [], delete=orphans)
+        if chunk_id in orphans:
+            raise NotFoundError(f"chunk {next(p for p in parents if p not in current)!r} not found")
+        return next(GovernanceTags.from_row(r, registry) for r in derived if r["chunk_id"] == chunk_id)
 
     # -- sync ---------------------------------------------------------------------------------
 
@@ -144,26 +160,17 @@ class Lifecycle:
                 raise NotFoundError(f"document {doc_id!r} not found in tenant {tags.tenant!r}")
         for _, tags in changes:
             self.store.register_clauses(tags.clauses_by_token)
-        registry = self.store.clause_registry()
         updated: dict[str, dict[str, Any]] = {}
         for doc_id, tags in changes:
             for chunk_id, row in self.store.rows(self.store.chunk_ids_of(doc_id)).items():
                 updated[chunk_id] = {**row, **tags.row_columns()}
-        chunks = len(updated)
-        derived = self.store.derived_from(updated)
-        for chunk_id in _parents_first(derived):
-            row = derived[chunk_id]
-            parent_rows = [updated.get(p) or self.store.rows([p]).get(p) for p in row["parents"]]
-            if any(parent is None for parent in parent_rows):
-                continue  # a parent was forgotten; forget removes this row too
-            parent_tags = [GovernanceTags.from_row(parent, registry) for parent in parent_rows if parent]
-            updated[chunk_id] = {**row, **propagate(parent_tags).row_columns()}
+        derived, orphans = rederive(self.store, updated)
         sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
-        self.store.update_tags(list(updated.values()), sources)
+        self.store.update_tags([*updated.values(), *derived], sources, delete=orphans)
         return SyncReport(
             documents=tuple(doc_id for doc_id, _ in changes),
-            chunks=chunks,
-            derived=len(updated) - chunks,
+            chunks=len(updated),
+            derived=len(derived),
             table_version=self.store.chunks.version,
         )
 
@@ -202,6 +209,33 @@ def _sync_change(record: Mapping[str, Any], origin: str) -> tuple[str, Governanc
     except ValueError as exc:
         raise InvalidSourceError(origin, str(exc)) from None
     return doc_id, tags
+
+
+def rederive(
+    store: Store, parents: Mapping[str, Mapping[str, Any] | None]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows derived (transitively) from ``parents``, re-tagged from their parents' tags as they will be.
+
+    ``parents`` maps chunk id -> its row with its new tags, or None for a row about to disappear.
+    Returns the re-tagged derived rows, and the ids of derived rows that lose a parent: those go
+    too (fail closed: a row whose lineage is broken can no longer be evaluated).
+    """
+    derived = store.derived_from(parents)
+    registry = store.clause_registry()
+    current: dict[str, Mapping[str, Any] | None] = dict(parents)
+    updated: list[dict[str, Any]] = []
+    orphans: list[str] = []
+    for chunk_id in _parents_first(derived):
+        row = derived[chunk_id]
+        parent_rows = [current[p] if p in current else store.rows([p]).get(p) for p in row["parents"]]
+        if any(parent is None for parent in parent_rows):
+            current[chunk_id] = None
+            orphans.append(chunk_id)
+            continue
+        tags = propagate([GovernanceTags.from_row(parent, registry) for parent in parent_rows if parent is not None])
+        current[chunk_id] = new = {**row, **tags.row_columns()}
+        updated.append(new)
+    return updated, orphans
 
 
 def _parents_first(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -16,9 +16,10 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from ..embedder import Embedder
-from ..schema import SOURCES_SCHEMA
+from ..schema import SOURCES_SCHEMA, TAG_COLUMNS
 from ..store import Store
 from .chunking import Chunk, chunk_text
+from .lifecycle import rederive
 from .records import Rejected, SourceRecord
 
 
@@ -89,12 +90,28 @@ class DocumentWriter:
         ]
         source_rows = [self._source_row(record, len(chunks), now) for record, chunks in chunked]
         self.store.register_clauses({t: c for r in changed for t, c in r.tags.clauses_by_token.items()})
+        derived, orphans = self._rederive(changed, chunk_rows)
         self.store.replace_documents(
             [r.doc_id for r in changed],
-            pa.Table.from_pylist(chunk_rows, schema=self.store.chunks.schema),
+            pa.Table.from_pylist([*chunk_rows, *derived], schema=self.store.chunks.schema),
             pa.Table.from_pylist(source_rows, schema=SOURCES_SCHEMA),
+            orphans=orphans,
         )
         return BatchResult(written=[r.doc_id for r in changed], unchanged=unchanged, rejected=rejected, chunks=len(chunk_rows))
+
+    def _rederive(
+        self, changed: Sequence[SourceRecord], chunk_rows: list[dict[str, object]]
+    ) -> tuple[list[dict[str, object]], list[str]]:
+        """Rows derived from the changed documents' current chunks, re-tagged (whole rows, for the
+        same commit); those derived from a chunk that disappears are returned as orphans."""
+        old_ids = self.store.chunk_ids_of_documents(r.doc_id for r in changed)
+        new_rows = {str(row["chunk_id"]): row for row in chunk_rows}
+        parents = {chunk_id: new_rows.get(chunk_id) for chunk_id in old_ids}
+        derived, orphans = rederive(self.store, parents)
+        if not derived:
+            return [], orphans
+        stored = self.store.rows((str(row["chunk_id"]) for row in derived), columns=self.store.chunks.schema.names)
+        return [{**stored[str(row["chunk_id"])], **{c: row[c] for c in TAG_COLUMNS}} for row in derived], orphans
 
     def _chunk_row(
         self, record: SourceRecord, chunk: Chunk, cid: str, vectors: dict[str, list[float]], now: datetime

@@ -139,3 +139,28 @@ def test_hits_carry_versions_and_min_version_is_honoured(lifecycle_warehouse):
     assert wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version)
     with pytest.raises(WarehouseError, match="older than"):
         wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version + 100)
+
+
+def test_reingesting_with_narrower_tags_retags_the_derived_rows(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    staff = doc("staff", "The office closes early on Friday for the summer party.", ["group:staff"])
+    summary = wh.derive("Early Friday.", parents=[chunk_of(wh, "staff")], subject="user:dave", tenant="acme")
+    assert summary.chunk_id in visible_ids(wh, "user:dave", "Friday")
+    wh.ingest_records([{**staff, "acl": {"allow": ["group:finance"]}}])  # same text, narrower ACL
+    assert summary.chunk_id not in visible_ids(wh, "user:dave", "Friday")
+    assert summary.chunk_id in visible_ids(wh, "user:alice", "Friday")
+
+
+def test_reingesting_changed_text_removes_rows_derived_from_the_old_chunks(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    summary = wh.derive("Early Friday.", parents=[chunk_of(wh, "staff")], subject="user:dave", tenant="acme")
+    wh.ingest_records([doc("staff", "The office now closes at the usual time.", ["group:staff"])])
+    assert wh.store.rows([summary.chunk_id]) == {}
+    assert summary.chunk_id not in visible_ids(wh, "user:dave", "Friday")
+
+
+def test_explain_reads_another_tenants_row_as_missing(lifecycle_warehouse):
+    row = chunk_of(lifecycle_warehouse, "staff")
+    other = lifecycle_warehouse.explain(row, subject="user:erin", tenant="globex", caller="user:erin")
+    missing = lifecycle_warehouse.explain("no-such-row", subject="user:erin", tenant="globex", caller="user:erin")
+    assert (other.allowed, other.reason, other.steps) == (missing.allowed, missing.reason, missing.steps)
