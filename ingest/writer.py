@@ -90,7 +90,8 @@ class DocumentWriter:
         ]
         source_rows = [self._source_row(record, len(chunks), now) for record, chunks in chunked]
         self.store.register_clauses({t: c for r in changed for t, c in r.tags.clauses_by_token.items()})
-        derived, orphans = self._rederive(changed, chunk_rows)
+        replaced = [r for r in changed if r.doc_id in states]  # new documents have nothing derived yet
+        derived, orphans = self._rederive(replaced, chunk_rows) if replaced else ([], [])
         self.store.replace_documents(
             [r.doc_id for r in changed],
             pa.Table.from_pylist([*chunk_rows, *derived], schema=self.store.chunks.schema),
