@@ -159,9 +159,13 @@ class Store:
                 source_rows
             )
 
+    @property
+    def _columns_but_vector(self) -> list[str]:
+        return [name for name in self.chunks.schema.names if name != "vector"]
+
     def rows(self, chunk_ids: Iterable[str], columns: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Rows by chunk id (all columns unless ``columns``); ids not present are simply absent."""
-        wanted = columns or [f for f in self.chunks.schema.names if f != "vector"]
+        wanted = columns or self._columns_but_vector
         return {r["chunk_id"]: r for r in self._rows_where_in(self.chunks, "chunk_id", chunk_ids, wanted)}
 
     def chunk_ids_of(self, doc_id: str) -> list[str]:
@@ -175,7 +179,7 @@ class Store:
         """Every row derived, directly or through other derived rows, from ``chunk_ids``."""
         found: dict[str, dict[str, Any]] = {}
         frontier = sorted(set(chunk_ids))
-        columns = [f for f in self.chunks.schema.names if f != "vector"]
+        columns = self._columns_but_vector
         while frontier:
             rows = (
                 self.chunks.search()

@@ -211,7 +211,8 @@ class Warehouse:
         ``actor``: the agent acting for ``subject``; it gets exactly the subject's visibility.
         """
         self.store.require_version(min_version)
-        hits, withheld = self._searcher.search(query, policy=self.policy, subject=subject, tenant=tenant, k=k, mode=mode)
+        policy = self.policy
+        hits, withheld = self._searcher.search(query, policy=policy, subject=subject, tenant=tenant, k=k, mode=mode)
         self.audit.append(
             Receipt(
                 kind="retrieval",
@@ -228,7 +229,7 @@ class Warehouse:
                 doc_ids=tuple(dict.fromkeys(h.doc_id for h in hits)),
                 chunk_labels={h.chunk_id: h.labels for h in hits},
                 withheld=withheld,
-                policy_version=hits[0].policy_version if hits else (self.policy.version if self.policy else None),
+                policy_version=policy.version if policy else None,
                 table_version=hits[0].table_version if hits else self.store.chunks.version,
             )
         )

@@ -160,10 +160,9 @@ class Lifecycle:
                 raise NotFoundError(f"document {doc_id!r} not found in tenant {tags.tenant!r}")
         for _, tags in changes:
             self.store.register_clauses(tags.clauses_by_token)
-        updated: dict[str, dict[str, Any]] = {}
-        for doc_id, tags in changes:
-            for chunk_id, row in self.store.rows(self.store.chunk_ids_of(doc_id)).items():
-                updated[chunk_id] = {**row, **tags.row_columns()}
+        new_tags = {doc_id: tags.row_columns() for doc_id, tags in changes}
+        chunk_ids = self.store.chunk_ids_of_documents(new_tags)
+        updated = {chunk_id: {**row, **new_tags[row["doc_id"]]} for chunk_id, row in self.store.rows(chunk_ids).items()}
         derived, orphans = rederive(self.store, updated)
         sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
         self.store.update_tags([*updated.values(), *derived], sources, delete=orphans)
