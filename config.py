@@ -11,6 +11,58 @@ from .errors import ConfigurationError
 
 DEFAULT_WAREHOUSE = ".ragwarden"
 DEFAULT_DATA_DIR = "../shared/data"
+JWT_ALGORITHMS = ("HS256", "RS256", "ES256")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuthSettings:
+    """How services verify bearer tokens; API keys need nothing here (their hashes live in the warehouse).
+
+    ``jwt_secret`` enables HS256; ``jwt_jwks`` (a file path or an http(s) URL) enables RS256/ES256.
+    With either, ``issuer`` and ``audience`` are required: a token is checked for both, and for
+    ``exp`` and ``nbf``. ``tenant_claim`` names the claim that carries the caller's tenant.
+    ``token`` is the credential of a stdio MCP server (whoever launches it supplies the identity).
+    """
+
+    jwt_secret: bytes | None = field(default=None, repr=False)
+    jwt_jwks: str | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    tenant_claim: str = "tenant"
+    leeway_seconds: int = 30
+    token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.jwt_secret or self.jwt_jwks) and not (self.issuer and self.audience):
+            raise ConfigurationError(
+                "JWT verification needs RAGWARDEN_JWT_ISSUER and RAGWARDEN_JWT_AUDIENCE as well as a key"
+            )
+        if self.jwt_secret is not None and len(self.jwt_secret) < 32:
+            raise ConfigurationError("RAGWARDEN_JWT_SECRET must be at least 32 bytes (HS256 keys shorter than the hash are weak)")
+        if not self.tenant_claim:
+            raise ConfigurationError("RAGWARDEN_JWT_TENANT_CLAIM must name a claim")
+        if self.leeway_seconds < 0:
+            raise ConfigurationError(f"setting leeway_seconds must be at least 0, got {self.leeway_seconds}")
+
+    @property
+    def jwt_enabled(self) -> bool:
+        return bool(self.jwt_secret or self.jwt_jwks)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> AuthSettings:
+        values: dict[str, object] = {}
+        if env.get("RAGWARDEN_JWT_SECRET"):
+            values["jwt_secret"] = env["RAGWARDEN_JWT_SECRET"].encode("utf-8")
+        for name, key in (
+            ("jwt_jwks", "RAGWARDEN_JWT_JWKS"),
+            ("issuer", "RAGWARDEN_JWT_ISSUER"),
+            ("audience", "RAGWARDEN_JWT_AUDIENCE"),
+            ("tenant_claim", "RAGWARDEN_JWT_TENANT_CLAIM"),
+            ("token", "RAGWARDEN_TOKEN"),
+        ):
+            if env.get(key):
+                values[name] = env[key]
+        return cls(**values)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,6 +73,7 @@ class Settings:
     ``audit_key`` makes audit hashes HMACs; ``audit_raw_queries`` keeps raw queries in receipts.
     ``openlineage_env`` is the ``OPENLINEAGE*`` environment (transport configuration);
     ``lineage_dir`` holds the lineage spool (default: ``_lineage`` in a local warehouse).
+    ``auth`` is how the HTTP and MCP services verify credentials.
     """
 
     warehouse: str = DEFAULT_WAREHOUSE
@@ -30,13 +83,15 @@ class Settings:
     chunk_overlap: int = 32
     embed_batch_size: int = 32
     write_batch_docs: int = 64
-    audit_key: bytes | None = None
+    audit_key: bytes | None = field(default=None, repr=False)
     audit_raw_queries: bool = False
     lineage_dir: Path | None = None
     openlineage_env: Mapping[str, str] = field(default_factory=dict)
+    auth: AuthSettings = field(default_factory=lambda: AuthSettings())
+    max_body_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs"):
+        for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         if self.chunk_overlap < 0:
@@ -57,16 +112,17 @@ class Settings:
             values["audit_key"] = env["RAGWARDEN_AUDIT_KEY"].encode("utf-8")
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
-        if env.get("RAGWARDEN_MAX_FILE_BYTES"):
-            try:
-                values["max_file_bytes"] = int(env["RAGWARDEN_MAX_FILE_BYTES"])
-            except ValueError:
-                raise ConfigurationError(
-                    f"RAGWARDEN_MAX_FILE_BYTES must be a whole number of bytes, got {env['RAGWARDEN_MAX_FILE_BYTES']!r}"
-                ) from None
+        for name in ("max_file_bytes", "max_body_bytes"):
+            key = f"RAGWARDEN_{name.upper()}"
+            if env.get(key):
+                try:
+                    values[name] = int(env[key])
+                except ValueError:
+                    raise ConfigurationError(f"{key} must be a whole number of bytes, got {env[key]!r}") from None
         if env.get("RAGWARDEN_LINEAGE_DIR"):
             values["lineage_dir"] = Path(env["RAGWARDEN_LINEAGE_DIR"])
         values["openlineage_env"] = {k: v for k, v in env.items() if k.startswith("OPENLINEAGE")}
+        values["auth"] = AuthSettings.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 

@@ -9,6 +9,8 @@ with which input and what to do about it. The HTTP layer maps each class to one 
     ├── PolicyError               the policy cannot be loaded
     │   └── InvalidPolicyError    a policy file has a bad line (named, with its number)
     ├── InvalidRequestError       a search or operation was asked for with bad arguments
+    │   └── PayloadTooLargeError  a request body is over the size limit
+    ├── AuthenticationError       no credential, or one that does not verify
     ├── NotFoundError             no such item visible to the caller (missing and forbidden look alike)
     ├── PermissionDeniedError     the policy does not grant the caller this operation
     └── WarehouseError            the warehouse is missing, damaged or inconsistent
@@ -17,11 +19,13 @@ with which input and what to do about it. The HTTP layer maps each class to one 
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "ConfigurationError",
     "InvalidPolicyError",
     "InvalidRequestError",
     "InvalidSourceError",
     "NotFoundError",
+    "PayloadTooLargeError",
     "PermissionDeniedError",
     "PolicyError",
     "RagwardenError",
@@ -62,6 +66,15 @@ class InvalidPolicyError(PolicyError):
 
 class InvalidRequestError(RagwardenError):
     """A request carried an argument out of range or of the wrong form."""
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    """A request body is larger than the limit the service was started with."""
+
+
+class AuthenticationError(RagwardenError):
+    """The request carried no credential, or one that does not verify (signature, expiry, issuer,
+    audience, or an unknown or revoked API key). The message says which, never whose."""
 
 
 class NotFoundError(RagwardenError):

@@ -19,8 +19,8 @@ from lancedb.index import FTS
 
 from .errors import WarehouseError
 from .governance.policy import Policy
-from .governance.tags import GovernanceTags
 from .governance.sql import sql_in_list, sql_list, sql_string
+from .governance.tags import GovernanceTags
 from .schema import (
     CHUNKS,
     CLAUSES,
@@ -48,17 +48,36 @@ def _is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
+def connect(uri: str) -> Any:
+    """A LanceDB connection to the warehouse (a local folder is created) that sees every commit at once."""
+    if _is_local(uri):
+        Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    try:
+        return lancedb.connect(uri, read_consistency_interval=timedelta(0))
+    except Exception as exc:  # lancedb raises plain exceptions for bad URIs
+        raise WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+
+
+def open_table(db: Any, name: str, schema: pa.Schema) -> Any:
+    """Table ``name`` of the warehouse, created empty if absent; refused if its schema differs."""
+    try:
+        table = db.create_table(name, schema=schema, exist_ok=True)
+    except Exception as exc:
+        raise WarehouseError(f"warehouse {db.uri!r}: table {name!r} cannot be opened: {exc}") from exc
+    if not table.schema.equals(schema, check_metadata=False):
+        raise WarehouseError(
+            f"warehouse {db.uri!r}: table {name!r} has schema {table.schema}, expected {schema}; "
+            "it was written by another version or another embedding model"
+        )
+    return table
+
+
 class Store:
     """The warehouse's tables: ``chunks``, ``sources``, ``acl_clauses`` and ``policies``."""
 
     def __init__(self, uri: str, *, dimension: int) -> None:
         self.uri = uri
-        if _is_local(uri):
-            Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = lancedb.connect(uri, read_consistency_interval=timedelta(0))
-        except Exception as exc:  # lancedb raises plain exceptions for bad URIs
-            raise WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+        self.db = connect(uri)
         self.chunks = self._table(CHUNKS, chunks_schema(dimension))
         self.sources = self._table(SOURCES, SOURCES_SCHEMA)
         self.clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
@@ -67,16 +86,7 @@ class Store:
         self._lock = threading.Lock()
 
     def _table(self, name: str, schema: pa.Schema) -> Any:
-        try:
-            table = self.db.create_table(name, schema=schema, exist_ok=True)
-        except Exception as exc:
-            raise WarehouseError(f"warehouse {self.uri!r}: table {name!r} cannot be opened: {exc}") from exc
-        if not table.schema.equals(schema, check_metadata=False):
-            raise WarehouseError(
-                f"warehouse {self.uri!r}: table {name!r} has schema {table.schema}, expected {schema}; "
-                "it was written by another version or another embedding model"
-            )
-        return table
+        return open_table(self.db, name, schema)
 
     # -- ACL clause registry ---------------------------------------------------------------
 

@@ -1,6 +1,9 @@
 """The warehouse: ragwarden's face for Python callers, over the one place that holds all state.
 
 Every retrieval and every decision on an operation leaves an audit receipt, allowed or refused.
+Operations run by the process itself (``subject=None``: the operator, as the CLI does) need no
+grant; a named caller (the HTTP and MCP services pass the credential's subject and tenant) needs
+the policy's grant of the operation in its tenant, and touches nothing outside that tenant.
 """
 
 from __future__ import annotations
@@ -12,22 +15,31 @@ from typing import Any, TypeVar
 
 from .config import Settings
 from .embedder import MODEL_NAME, Embedder
-from .errors import ConfigurationError, InvalidSourceError, NotFoundError, PermissionDeniedError
-from .governance.audit import AuditLog, Receipt, fingerprint
+from .errors import (
+    ConfigurationError,
+    InvalidPolicyError,
+    InvalidRequestError,
+    InvalidSourceError,
+    NotFoundError,
+    PermissionDeniedError,
+)
+from .governance.audit import AuditLog, ChainReport, Receipt, StoredReceipt, fingerprint
 from .governance.explain import Explanation, explain_row, not_visible
 from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary, LineageEmitter
 from .governance.policy import Policy
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
-from .ingest.records import record_outcome
+from .ingest.records import Outcome, Rejected, record_outcome
 from .retrieval.hits import Hit
+from .retrieval.manifest import ContextManifest
 from .retrieval.review import AccessReview, access_review, inventory
-from .retrieval.search import Searcher
+from .retrieval.search import Searcher, validate_request
 from .store import Store
 
 PathLike = str | Path
 T = TypeVar("T")
-OPERATOR = "local:operator"  # the subject of operations run in-process without a named caller
+OPERATOR = "local:operator"  # the subject receipts name for operations run in-process (subject=None)
+ANY_TENANT = "*"  # the tenant receipts name for operator runs, which may span tenants
 
 
 class Warehouse:
@@ -94,6 +106,33 @@ class Warehouse:
         self.store.install_policy(policy)
         return policy
 
+    def install_policy_text(self, text: str, *, subject: str, tenant: str, actor: str | None = None) -> Policy:
+        """Install a policy on behalf of a named caller, who needs ``admin`` in every tenant that the
+        policy in force or the new one names: one tenant's administrator cannot rewrite another's rules."""
+
+        def install(_: str | None) -> Policy:
+            try:
+                policy = Policy.from_text(text, source="policy sent by " + subject)
+            except InvalidPolicyError as exc:
+                raise InvalidRequestError(f"policy line {exc.line}: {exc.reason}") from None
+            current = self.policy
+            tenants = sorted(policy.tenants | (current.tenants if current else frozenset()))
+            for other in tenants:
+                decision = current.allows_operation(subject, other, "admin") if current else None
+                if decision is None or not decision.allowed:
+                    raise PermissionDeniedError(f"installing this policy needs admin in {other}, which {subject} lacks")
+            self.store.install_policy(policy)
+            return policy
+
+        return self._governed(
+            "admin",
+            subject,
+            tenant,
+            install,
+            lambda policy: {"reason": f"installed policy {policy.version} ({len(policy.rules)} rules)"},
+            actor=actor,
+        )
+
     # -- receipts -----------------------------------------------------------------------------
 
     def _receipt(self, **fields: Any) -> None:
@@ -113,15 +152,56 @@ class Warehouse:
         tenant: str,
         action: Callable[[], T],
         describe: Callable[[T], Mapping[str, Any]],
+        *,
+        actor: str | None = None,
     ) -> T:
         """Run an operation and record the decision: refused (and why) or done (and what)."""
+        who = {"kind": "decision", "operation": operation, "subject": subject, "tenant": tenant, "actor": actor}
         try:
             result = action()
         except (NotFoundError, PermissionDeniedError) as exc:
-            self._receipt(kind="decision", operation=operation, subject=subject, tenant=tenant, allowed=False, reason=str(exc))
+            self._receipt(**who, allowed=False, reason=str(exc))
             raise
-        self._receipt(kind="decision", operation=operation, subject=subject, tenant=tenant, allowed=True, **describe(result))
+        self._receipt(**who, allowed=True, **describe(result))
         return result
+
+    def _authorize(self, operation: str, subject: str, tenant: str | None) -> str:
+        """The tenant a named caller acts in, once the policy grants it ``operation`` there."""
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidRequestError(f"{operation} by {subject} needs the caller's tenant")
+        policy = self.policy
+        if policy is None:
+            raise PermissionDeniedError(f"no policy is in force, so {operation} is granted to no one")
+        decision = policy.allows_operation(subject, tenant, operation)
+        if not decision.allowed:
+            raise PermissionDeniedError(decision.reason)
+        return tenant
+
+    def _governed(
+        self,
+        operation: str,
+        subject: str | None,
+        tenant: str | None,
+        action: Callable[[str | None], T],
+        describe: Callable[[T], Mapping[str, Any]],
+        *,
+        actor: str | None = None,
+    ) -> T:
+        """An operation run by the operator (``subject=None``, any tenant) or, authorized, by a named caller.
+
+        ``action`` receives the tenant the caller is confined to (None for the operator).
+        """
+        if subject is None:
+            return self._decided(operation, OPERATOR, ANY_TENANT, lambda: action(None), describe)
+        confined = tenant if isinstance(tenant, str) and tenant else ANY_TENANT
+        return self._decided(
+            operation,
+            subject,
+            confined,
+            lambda: action(self._authorize(operation, subject, tenant)),
+            describe,
+            actor=actor,
+        )
 
     # -- ingest -------------------------------------------------------------------------------
 
@@ -133,7 +213,6 @@ class Warehouse:
         acl_from: str | None = None,
         tenant: str | None = None,
         progress: bool | None = False,
-        subject: str = OPERATOR,
     ) -> IngestReport:
         """Ingest files, folders and JSONL files; returns a report of what was written and refused."""
         items = [paths] if isinstance(paths, str | Path) else list(paths)
@@ -144,18 +223,37 @@ class Warehouse:
             default_tenant=tenant,
             max_bytes=self.settings.max_file_bytes,
         )
-        return self._run(outcomes, progress, subject, [str(Path(p).resolve()) for p in items])
+        sources = [str(Path(p).resolve()) for p in items]
+        return self._governed("ingest", None, None, lambda _: self._run(outcomes, progress, sources), _ingested)
 
     def ingest_records(
-        self, records: Iterable[Mapping[str, Any]], *, progress: bool | None = False, subject: str = OPERATOR
+        self,
+        records: Iterable[Mapping[str, Any]],
+        *,
+        progress: bool | None = False,
+        subject: str | None = None,
+        tenant: str | None = None,
+        actor: str | None = None,
     ) -> IngestReport:
-        """Ingest records given as dicts in the JSONL format of DESIGN §6."""
-        records = list(records)
-        outcomes = (o for n, r in enumerate(records, start=1) for o in record_outcome(r, f"record {n}"))
-        sources = [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)]
-        return self._run(outcomes, progress, subject, sources)
+        """Ingest records given as dicts in the JSONL format of DESIGN §6.
 
-    def _run(self, outcomes: Iterable[Any], progress: bool | None, subject: str, sources: list[str]) -> IngestReport:
+        A named ``subject`` needs ``ingest`` in ``tenant``; its records take that tenant when they
+        name none, and a record naming another tenant is rejected (nothing written for it).
+        """
+        records = list(records)
+        sources = [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)]
+
+        def run(confined: str | None) -> IngestReport:
+            outcomes = (
+                outcome
+                for n, record in enumerate(records, start=1)
+                for outcome in _confined_outcomes(record, f"record {n}", confined)
+            )
+            return self._run(outcomes, progress, sources)
+
+        return self._governed("ingest", subject, tenant, run, _ingested, actor=actor)
+
+    def _run(self, outcomes: Iterable[Any], progress: bool | None, sources: list[str]) -> IngestReport:
         def ingest() -> IngestReport:
             return run_ingest(
                 outcomes,
@@ -176,20 +274,7 @@ class Warehouse:
             governance = GovernanceSummary.of(self.store.source_tags(report.written), documents=report.documents)
             return self._chunks_output(report.chunks, chunking=chunking, embedding=self._embedding, governance=governance)
 
-        def run() -> IngestReport:
-            return self._tracked("ingest", sources, ingest, output)
-
-        return self._decided(
-            "ingest",
-            subject,
-            "*",
-            run,
-            lambda report: {
-                "reason": report.summary(),
-                "doc_ids": report.written,
-                "details": {"run_id": report.run_id, "rejected": len(report.rejected), "chunks": report.chunks},
-            },
-        )
+        return self._tracked("ingest", sources, ingest, output)
 
     # -- retrieval ----------------------------------------------------------------------------
 
@@ -235,21 +320,61 @@ class Warehouse:
         )
         return hits
 
+    def get_chunk(self, chunk_id: str, *, subject: str, tenant: str, actor: str | None = None) -> Hit:
+        """One chunk or derived row by id, if ``subject`` may read it; ``NotFoundError`` alike whether
+        it is missing or forbidden, so the answer reveals nothing of rows the caller cannot see."""
+        validate_request("get", subject, tenant, 1, "vector")
+        policy = self.policy
+        hit = self._searcher.get(chunk_id, policy=policy, subject=subject, tenant=tenant)
+        self.audit.append(
+            Receipt(
+                kind="retrieval",
+                operation="get",
+                subject=subject,
+                actor=actor,
+                tenant=tenant,
+                allowed=hit is not None,
+                reason="visible" if hit is not None else "not visible (missing or forbidden)",
+                chunk_ids=(hit.chunk_id,) if hit else (),
+                doc_ids=(hit.doc_id,) if hit else (),
+                chunk_labels={hit.chunk_id: hit.labels} if hit else {},
+                policy_version=policy.version if policy else None,
+                table_version=hit.table_version if hit else self.store.chunks.version,
+                details={} if hit else {"asked": str(chunk_id)[:256]},
+            )
+        )
+        if hit is None:
+            raise NotFoundError(f"chunk {chunk_id!r} not found")
+        return hit
+
+    @staticmethod
+    def manifest(hits: Iterable[Hit]) -> ContextManifest:
+        """The context manifest of ``hits``: ids, union of labels, highest classification, versions."""
+        return ContextManifest.of(hits)
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     def derive(
-        self, text: str, *, parents: Sequence[str], subject: str, tenant: str, kind: str = "summary"
+        self,
+        text: str,
+        *,
+        parents: Sequence[str],
+        subject: str,
+        tenant: str,
+        kind: str = "summary",
+        actor: str | None = None,
     ) -> DerivedRow:
         """Save ``text`` (a summary, note or agent memory) derived from chunks ``subject`` may read.
 
-        The new row is visible only to whoever could read every parent; a parent the subject
-        cannot read is refused exactly as a missing one is (``NotFoundError``).
+        Needs the policy's ``derive`` grant in ``tenant``. The new row is visible only to whoever
+        could read every parent; a parent the subject cannot read is refused exactly as a missing
+        one is (``NotFoundError``).
         """
-        return self._decided(
+        return self._governed(
             "derive",
             subject,
             tenant,
-            lambda: self._tracked(
+            lambda _: self._tracked(
                 "derive",
                 [f"{self.uri}/chunks"],
                 lambda: self._lifecycle.derive(
@@ -267,17 +392,30 @@ class Warehouse:
                 "chunk_labels": {row.chunk_id: tuple(sorted(row.tags.labels))},
                 "details": {"parents": list(row.parents)},
             },
+            actor=actor,
         )
 
-    def sync(self, records: PathLike | Iterable[Mapping[str, Any]], *, subject: str = OPERATOR) -> SyncReport:
+    def sync(
+        self,
+        records: PathLike | Iterable[Mapping[str, Any]],
+        *,
+        subject: str | None = None,
+        tenant: str | None = None,
+        actor: str | None = None,
+    ) -> SyncReport:
         """Apply changed ACLs, labels or classifications (JSONL records, or a JSONL file) to the
-        documents' chunks and to every row derived from them, without re-embedding."""
+        documents' chunks and to every row derived from them, without re-embedding.
+
+        A named ``subject`` needs ``sync`` in ``tenant`` and may name no other tenant.
+        """
         records = _read_sync_file(Path(records)) if isinstance(records, str | Path) else list(records)
-        return self._decided(
-            "sync",
-            subject,
-            "*",
-            lambda: self._tracked(
+
+        def run(confined: str | None) -> SyncReport:
+            for number, record in enumerate(records, start=1):
+                named = record.get("tenant") if isinstance(record, Mapping) else None
+                if confined is not None and named != confined:
+                    raise PermissionDeniedError(f"sync record {number} names tenant {named!r}; the caller acts in {confined!r}")
+            return self._tracked(
                 "sync",
                 [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)],
                 lambda: self._lifecycle.sync(records),
@@ -287,32 +425,61 @@ class Warehouse:
                         self.store.source_tags(report.documents), documents=len(report.documents), derived_rows=report.derived
                     ),
                 ),
-            ),
+            )
+
+        return self._governed(
+            "sync",
+            subject,
+            tenant,
+            run,
             lambda report: {
                 "reason": f"re-tagged {report.chunks} chunks and {report.derived} derived rows",
                 "doc_ids": report.documents,
             },
+            actor=actor,
         )
 
-    def forget(self, doc_id: str, *, reason: str, subject: str = OPERATOR) -> ForgetReport:
-        """Erase a document and everything derived from it, and purge it from old versions."""
-        return self._decided(
+    def forget(
+        self,
+        doc_id: str,
+        *,
+        reason: str,
+        subject: str | None = None,
+        tenant: str | None = None,
+        actor: str | None = None,
+    ) -> ForgetReport:
+        """Erase a document and everything derived from it, and purge it from old versions.
+
+        A named ``subject`` needs ``forget`` in ``tenant``; another tenant's document reads as missing.
+        """
+
+        def run(confined: str | None) -> ForgetReport:
+            if confined is not None:
+                state = self.store.source_states([doc_id]).get(doc_id)
+                if state is None or state.tenant != confined:
+                    raise NotFoundError(f"document {doc_id!r} not found")
+            return self._tracked(
+                "forget", [f"doc:{doc_id}"], lambda: self._lifecycle.forget(doc_id, reason=reason), lambda _: self._chunks_output(0)
+            )
+
+        return self._governed(
             "forget",
             subject,
-            "*",
-            lambda: self._tracked(
-                "forget", [f"doc:{doc_id}"], lambda: self._lifecycle.forget(doc_id, reason=reason), lambda _: self._chunks_output(0)
-            ),
+            tenant,
+            run,
             lambda report: {
                 "reason": reason,
                 "doc_ids": (report.doc_id,),
                 "details": {"chunks": report.chunks, "derived": report.derived},
             },
+            actor=actor,
         )
 
     # -- questions ----------------------------------------------------------------------------
 
-    def explain(self, chunk_id: str, *, subject: str, tenant: str, caller: str | None = None) -> Explanation:
+    def explain(
+        self, chunk_id: str, *, subject: str, tenant: str, caller: str | None = None, actor: str | None = None
+    ) -> Explanation:
         """Why ``subject`` may or may not read ``chunk_id`` in ``tenant``, step by step.
 
         Anyone may ask about themselves; asking about someone else needs ``audit``. Without
@@ -342,6 +509,7 @@ class Warehouse:
                 "reason": f"asked about {subject}: {'visible' if result.allowed else 'not visible'}",
                 "chunk_ids": (chunk_id,),
             },
+            actor=actor,
         )
 
     def access_review(self, *, subject: str, tenant: str, caller: str | None = None) -> AccessReview:
@@ -369,15 +537,32 @@ class Warehouse:
             lambda found: {"reason": f"inventory of label {label!r}: {len(found)} sources", "doc_ids": tuple(found)},
         )
 
-    def lineage(self, item_id: str) -> dict[str, Any]:
-        """A source or row's lineage: source -> chunks -> derived rows -> the receipts that returned them."""
+    def lineage(self, item_id: str, *, caller: str | None = None, tenant: str | None = None) -> dict[str, Any]:
+        """A source or row's lineage: source -> chunks -> derived rows -> the receipts that returned them.
+
+        A named ``caller`` needs ``audit`` in ``tenant``, and another tenant's item reads as missing.
+        """
+        if caller is None:
+            return self._lineage(item_id, None)
+        confined = tenant or ANY_TENANT
+        return self._decided(
+            "audit",
+            caller,
+            confined,
+            lambda: self._audited(caller, confined, lambda: self._lineage(item_id, confined)),
+            lambda found: {"reason": f"lineage of {item_id!r}", "chunk_ids": tuple(found["chunks"])},
+        )
+
+    def _lineage(self, item_id: str, tenant: str | None) -> dict[str, Any]:
         chunk_ids = self.store.chunk_ids_of(item_id)
         source = self.store.source_states([item_id]).get(item_id)
         if not chunk_ids and source is None:
             row = self.store.rows([item_id]).get(item_id)
-            if row is None:
+            if row is None or (tenant is not None and row["tenant"] != tenant):
                 raise NotFoundError(f"no document or row {item_id!r}")
             chunk_ids = [item_id]
+        elif tenant is not None and (source is None or source.tenant != tenant):
+            raise NotFoundError(f"no document or row {item_id!r}")
         derived = self.store.derived_from(chunk_ids)
         touched = [*chunk_ids, *derived]
         receipts = {r.seq: r for chunk in touched for r in self.audit.query(chunk_id=chunk)}
@@ -397,6 +582,31 @@ class Warehouse:
                 for _, r in sorted(receipts.items())
             ],
         }
+
+    def receipts(self, *, caller: str, tenant: str, **filters: Any) -> list[StoredReceipt]:
+        """Audit receipts of ``tenant`` matching ``filters`` (see ``AuditLog.query``); needs ``audit``."""
+        return self._decided(
+            "audit",
+            caller,
+            tenant,
+            lambda: self._audited(caller, tenant, lambda: self.audit.query(tenant=tenant, **filters)),
+            lambda found: {"reason": f"audit query: {len(found)} receipts"},
+        )
+
+    def verify_audit(self, *, caller: str, tenant: str) -> ChainReport:
+        """Verify the whole receipt chain on behalf of ``caller``; needs ``audit`` in ``tenant``."""
+        return self._decided(
+            "audit",
+            caller,
+            tenant,
+            lambda: self._audited(caller, tenant, self.audit.verify),
+            lambda report: {"reason": f"audit verify: {'intact' if report.ok else 'broken'} ({report.receipts} receipts)"},
+        )
+
+    def _audited(self, caller: str, tenant: str, action: Callable[[], T]) -> T:
+        """``action``'s result, once ``caller`` is found to hold ``audit`` in ``tenant``."""
+        self._require(caller, None, tenant)
+        return action()
 
     def _require(self, caller: str, subject: str | None, tenant: str) -> Policy:
         """The policy, if ``caller`` asks about itself or holds ``audit`` in ``tenant``."""
@@ -434,3 +644,24 @@ def open(  # noqa: A001 - the public name is fixed by the API
     if policy:
         changes["policy"] = str(policy)
     return Warehouse((settings or Settings.from_env()).with_(**changes))
+
+
+def _ingested(report: IngestReport) -> dict[str, Any]:
+    return {
+        "reason": report.summary(),
+        "doc_ids": report.written,
+        "details": {"run_id": report.run_id, "rejected": len(report.rejected), "chunks": report.chunks},
+    }
+
+
+def _confined_outcomes(record: object, origin: str, tenant: str | None) -> Iterable[Outcome]:
+    """A record's outcomes, confined to ``tenant`` when a named caller ingests: a record naming no
+    tenant takes the caller's, one naming another is rejected."""
+    if tenant is not None and isinstance(record, Mapping):
+        named = record.get("tenant", tenant)
+        if named != tenant:
+            return [Rejected(source=f"{origin} (id {record.get('id')!r})", reason=f"tenant {named!r} is not the caller's tenant {tenant!r}")]
+        record = {**record, "tenant": tenant}
+    if not isinstance(record, Mapping):
+        return [Rejected(source=origin, reason=f"a record must be an object, not {type(record).__name__}")]
+    return record_outcome(record, origin)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import sys
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -14,36 +12,11 @@ from typing import Any
 import click
 
 from ..config import Settings
-from ..errors import RagwardenError
 from ..governance.policy import Policy
 from ..ingest.lifecycle import DERIVED_KINDS
 from ..retrieval.search import MAX_K, MODES
 from ..warehouse import Warehouse
-
-
-def _common_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--warehouse and --policy, taken by every command."""
-
-    @click.option(
-        "--warehouse",
-        envvar="RAGWARDEN_WAREHOUSE",
-        help="Warehouse URI: a local folder (default ./.ragwarden) or object storage.",
-    )
-    @click.option(
-        "--policy",
-        envvar="RAGWARDEN_POLICY",
-        type=click.Path(dir_okay=False),
-        help="Casbin policy CSV to decide with (default: the warehouse's installed policy).",
-    )
-    @functools.wraps(command)
-    def wrapper(*args: Any, warehouse: str | None, policy: str | None, **kwargs: Any) -> Any:
-        settings = Settings.from_env(warehouse=warehouse, policy=policy)
-        try:
-            return command(*args, settings=settings, **kwargs)
-        except RagwardenError as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
+from .cli_options import common_options as _common_options
 
 
 @click.group()
@@ -357,3 +330,9 @@ def demo(as_json: bool, settings: Settings) -> None:
     from .demo import run_demo
 
     run_demo(settings, as_json=as_json)
+
+
+from .cli_service import apikey, mcp, serve, token  # noqa: E402 - they register on main, defined above
+
+for _command in (serve, mcp, token, apikey):
+    main.add_command(_command)

@@ -77,7 +77,7 @@ __all__ = [
 AUDIT = "audit"
 GENESIS_HASH = "0" * 64
 KINDS = frozenset({"retrieval", "decision"})
-OPERATIONS = frozenset({"search", "get", "ingest", "derive", "sync", "forget", "explain", "audit"})
+OPERATIONS = frozenset({"search", "get", "ingest", "derive", "sync", "forget", "explain", "audit", "admin"})
 
 _PRIMARY_KEY = b"lance-schema:unenforced-primary-key"
 _KEY_CHECK = b"ragwarden.audit.key_check"

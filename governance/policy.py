@@ -192,6 +192,7 @@ class Policy:
             for rule in rules
             if rule.ptype == "p" and rule.values[2].startswith("label:")
         )
+        self.tenants = frozenset(rule.values[2] if rule.ptype == "g" else rule.values[1] for rule in rules)
 
     @classmethod
     def from_text(cls, text: str, source: str = "<policy>") -> Policy:

@@ -16,7 +16,7 @@ from typing import Any
 
 EVERYONE = "everyone"
 MAX_NAME_LENGTH = 256
-_PRINCIPAL_KINDS = ("user", "group")
+_PRINCIPAL_KINDS = ("user", "group", "service")
 
 
 class Classification(IntEnum):
@@ -60,7 +60,7 @@ def _printable_problem(value: object, what: str) -> str | None:
 
 
 def principal_problem(value: object) -> str | None:
-    """Why ``value`` is not a principal (``user:alice``, ``group:finance``, ``everyone``), or None."""
+    """Why ``value`` is not a principal (``user:alice``, ``group:finance``, ``service:indexer``, ``everyone``), or None."""
     problem = _printable_problem(value, "principal")
     if problem:
         return problem
@@ -69,7 +69,7 @@ def principal_problem(value: object) -> str | None:
         return None
     kind, sep, name = value.partition(":")
     if not sep or kind not in _PRINCIPAL_KINDS or not name:
-        return f"principal {value!r} is not of the form user:NAME, group:NAME or {EVERYONE}"
+        return f"principal {value!r} is not of the form user:NAME, group:NAME, service:NAME or {EVERYONE}"
     return None
 
 

@@ -108,6 +108,17 @@ class Searcher:
                 break
         return self._post_check(ranked, policy, subject, tenant, version)
 
+    def get(self, chunk_id: str, *, policy: Policy | None, subject: str, tenant: str) -> Hit | None:
+        """The row ``chunk_id`` if ``subject`` may read it in ``tenant``; None whether missing or forbidden."""
+        if policy is None or not isinstance(chunk_id, str) or not chunk_id:
+            return None
+        version = self.store.chunks.version
+        row = self.store.rows([chunk_id], columns=_COLUMNS).get(chunk_id)
+        if row is None:
+            return None
+        decision = check_row(policy, subject, tenant, row, self.store.clause_registry())
+        return _hit(row, 1.0, decision.reason, version, policy) if decision.allowed else None
+
     def _ranked(self, query: str, where: str, k: int, mode: str) -> list[tuple[dict[str, Any], float]]:
         if mode == "vector":
             return [(row, 1.0 - float(row["_distance"])) for row in self._vector(query, where, k)]
@@ -157,22 +168,24 @@ class Searcher:
                 log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
                 withheld += 1
                 continue
-            hits.append(
-                Hit(
-                    chunk_id=row["chunk_id"],
-                    doc_id=row["doc_id"],
-                    source_uri=row["source_uri"],
-                    text=row["text"],
-                    score=score,
-                    labels=tuple(row["labels"]),
-                    classification=Classification(row["classification"]),
-                    kind=row["kind"],
-                    parents=tuple(row["parents"]),
-                    doc_version=row["doc_version"],
-                    position=row["position"],
-                    reason=decision.reason,
-                    table_version=version,
-                    policy_version=policy.version,
-                )
-            )
+            hits.append(_hit(row, score, decision.reason, version, policy))
         return hits, withheld
+
+
+def _hit(row: dict[str, Any], score: float, reason: str, version: int, policy: Policy) -> Hit:
+    return Hit(
+        chunk_id=row["chunk_id"],
+        doc_id=row["doc_id"],
+        source_uri=row["source_uri"],
+        text=row["text"],
+        score=score,
+        labels=tuple(row["labels"]),
+        classification=Classification(row["classification"]),
+        kind=row["kind"],
+        parents=tuple(row["parents"]),
+        doc_version=row["doc_version"],
+        position=row["position"],
+        reason=reason,
+        table_version=version,
+        policy_version=policy.version,
+    )

@@ -18,7 +18,7 @@ BAD_FILES = [
     ("unknown_ptype.csv", {4}, "unknown rule type 'g2'"),
     ("bad_effect.csv", {2}, "effect 'permit' is neither allow nor deny"),
     ("bad_object.csv", {3}, "object 'salaries_table' is neither label:NAME, classification:LEVEL nor an operation"),
-    ("bad_principal.csv", {3}, "principal 'alice' is not of the form user:NAME, group:NAME or everyone"),
+    ("bad_principal.csv", {3}, "principal 'alice' is not of the form user:NAME, group:NAME, service:NAME or everyone"),
     ("everyone_joins_group.csv", {3}, "everyone cannot join a group"),
     ("member_of_non_group.csv", {2}, "'user:bob' is not a group"),
     ("cycle.csv", {3, 4, 5}, "membership cycle through"),

@@ -1,0 +1,37 @@
+"""Options every command takes, and the one place CLI errors become clean exits."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..config import Settings
+from ..errors import RagwardenError
+
+
+def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--warehouse and --policy, taken by every command."""
+
+    @click.option(
+        "--warehouse",
+        envvar="RAGWARDEN_WAREHOUSE",
+        help="Warehouse URI: a local folder (default ./.ragwarden) or object storage.",
+    )
+    @click.option(
+        "--policy",
+        envvar="RAGWARDEN_POLICY",
+        type=click.Path(dir_okay=False),
+        help="Casbin policy CSV to decide with (default: the warehouse's installed policy).",
+    )
+    @functools.wraps(command)
+    def wrapper(*args: Any, warehouse: str | None, policy: str | None, **kwargs: Any) -> Any:
+        settings = Settings.from_env(warehouse=warehouse, policy=policy)
+        try:
+            return command(*args, settings=settings, **kwargs)
+        except RagwardenError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper

@@ -1,0 +1,99 @@
+"""Service commands: the HTTP server, the stdio MCP server, and the credentials they accept."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from ..config import Settings
+from ..errors import ConfigurationError
+from ..store import connect
+from .cli_options import common_options
+from .keys import ApiKeys
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option("--no-mcp", is_flag=True, help="Do not mount the MCP server at /mcp.")
+@common_options
+def serve(host: str, port: int, no_mcp: bool, settings: Settings) -> None:
+    """Serve the HTTP API (and the MCP server at /mcp) over the warehouse. Stateless: run as many
+    replicas on one warehouse as needed; identity comes from each request's bearer credential."""
+    import uvicorn
+
+    from .http import create_app
+
+    app = create_app(settings, with_mcp=not no_mcp)
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
+
+
+@click.command()
+@common_options
+def mcp(settings: Settings) -> None:
+    """Serve the MCP tools over stdio for one identity: the launching process supplies a token or
+    API key in RAGWARDEN_TOKEN, and every call acts as that caller."""
+    from .mcp_server import run_stdio
+
+    run_stdio(settings)
+
+
+@click.command()
+@click.option("--sub", required=True, help="The subject (user:NAME, or NAME).")
+@click.option("--tenant", required=True, help="The tenant claim.")
+@click.option("--act", help="An agent acting for the subject (the act claim), e.g. agent:notes-bot.")
+@click.option("--ttl", default=3600, show_default=True, type=click.IntRange(1, 86400), help="Seconds until it expires.")
+@common_options
+def token(sub: str, tenant: str, act: str | None, ttl: int, settings: Settings) -> None:
+    """Mint an HS256 token with the configured secret, issuer and audience (RAGWARDEN_JWT_*): for
+    development and tests; production tokens come from the identity provider."""
+    import jwt
+
+    auth = settings.auth
+    if not auth.jwt_secret:
+        raise ConfigurationError("set RAGWARDEN_JWT_SECRET, RAGWARDEN_JWT_ISSUER and RAGWARDEN_JWT_AUDIENCE to mint tokens")
+    now = int(time.time())
+    claims: dict[str, object] = {
+        "sub": sub, "iss": auth.issuer, "aud": auth.audience, "iat": now, "nbf": now, "exp": now + ttl,
+        auth.tenant_claim: tenant,
+    }  # fmt: skip
+    if act:
+        claims["act"] = {"sub": act}
+    click.echo(jwt.encode(claims, auth.jwt_secret, algorithm="HS256"))
+
+
+@click.group()
+def apikey() -> None:
+    """API keys for service accounts, stored hashed in the warehouse."""
+
+
+def _keys(settings: Settings) -> ApiKeys:
+    return ApiKeys(connect(settings.warehouse))
+
+
+@apikey.command("create")
+@click.option("--subject", required=True, help="service:NAME (or user:NAME) the key acts as.")
+@click.option("--tenant", required=True, help="The tenant the key acts in.")
+@common_options
+def apikey_create(subject: str, tenant: str, settings: Settings) -> None:
+    """Create a key and print it once; only its hash is kept. Its rights are the policy's grants to SUBJECT."""
+    click.echo(_keys(settings).create(subject=subject, tenant=tenant))
+
+
+@apikey.command("list")
+@common_options
+def apikey_list(settings: Settings) -> None:
+    """List keys (id, subject, tenant, created, revoked) as JSON lines; secrets are never shown."""
+    for key in _keys(settings).list():
+        click.echo(json.dumps({**key.__dict__, "created_at": key.created_at.isoformat()}))
+
+
+@apikey.command("revoke")
+@click.argument("key_id")
+@common_options
+def apikey_revoke(key_id: str, settings: Settings) -> None:
+    """Revoke the key KEY_ID (the part after rwk_ and before the dot); every replica refuses it at once."""
+    _keys(settings).revoke(key_id)
+    click.echo(f"revoked {key_id}")

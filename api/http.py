@@ -1,0 +1,237 @@
+"""The HTTP service (``ragwarden serve``): the warehouse behind authenticated routes.
+
+Stateless by design: every durable thing lives in the warehouse, so any number of replicas can
+serve one warehouse and restart one at a time. The caller's identity comes from its credential
+(``api/auth.py``); operations are then authorized by the policy inside the warehouse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..config import Settings
+from ..errors import PolicyError
+from ..warehouse import Warehouse
+from .auth import Authenticator, Identity
+from .http_errors import ERROR_RESPONSES, install_error_handlers
+from .http_models import (
+    ChainModel,
+    DerivedModel,
+    DeriveRequest,
+    ExplanationModel,
+    ForgetRequest,
+    ForgetResponse,
+    Health,
+    HitModel,
+    IdentityModel,
+    IngestRequest,
+    IngestResponse,
+    LineageModel,
+    ManifestModel,
+    PolicyRequest,
+    PolicyResponse,
+    Readiness,
+    ReceiptModel,
+    SearchRequest,
+    SearchResponse,
+    SyncRequest,
+    SyncResponse,
+)
+from .keys import ApiKeys
+from .limits import BodyLimit
+
+MCP_PATH = "/mcp"
+MAX_RECEIPTS = 1000
+_bearer = HTTPBearer(auto_error=False, description="A JWT from the identity provider, or an API key (rwk_...).")
+
+
+def _caller(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Identity:
+    """The verified identity of the request's bearer credential (401 without one)."""
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+    authenticator: Authenticator = request.app.state.authenticator
+    return authenticator.from_header(header)
+
+
+Caller = Annotated[Identity, Depends(_caller)]
+
+
+def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_mcp: bool = True) -> FastAPI:
+    """The FastAPI app over one warehouse; ``with_mcp`` mounts the MCP server at ``/mcp``."""
+    warehouse = warehouse or Warehouse(settings)
+    authenticator = Authenticator(settings.auth, ApiKeys(warehouse.store.db))
+    mcp_server = None
+    if with_mcp:
+        from .mcp_server import build_mcp_server
+
+        mcp_server = build_mcp_server(warehouse, authenticator, streamable_path="/")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if mcp_server is not None:
+                await stack.enter_async_context(mcp_server.session_manager.run())
+            yield
+
+    app = FastAPI(
+        title="ragwarden",
+        summary="Governed retrieval: every answer is filtered by the policy for the caller of the credential.",
+        version="0.1.0",
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.state.warehouse = warehouse
+    app.state.authenticator = authenticator
+
+    @app.get("/healthz", response_model=Health, tags=["service"])
+    def healthz() -> Health:
+        """Liveness: the process answers."""
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Readiness, tags=["service"])
+    def readyz() -> Readiness:
+        """Readiness: the warehouse answers and a policy is in force (503 otherwise)."""
+        policy = warehouse.policy
+        table_version = warehouse.store.chunks.version
+        if policy is None:
+            raise PolicyError("no policy is in force: install one (ragwarden policy install) before serving")
+        return Readiness(status="ready", policy_version=policy.version, table_version=table_version)
+
+    @app.get("/v1/whoami", response_model=IdentityModel, tags=["identity"])
+    def whoami(identity: Caller) -> IdentityModel:
+        """Who the credential says the caller is."""
+        return IdentityModel(**identity.as_dict())
+
+    @app.post("/v1/search", response_model=SearchResponse, tags=["retrieval"])
+    def search(body: SearchRequest, identity: Caller) -> SearchResponse:
+        """The best k chunks the caller may read, with the context manifest of what they are."""
+        hits = warehouse.search(
+            body.query,
+            subject=identity.subject,
+            tenant=identity.tenant,
+            k=body.k,
+            mode=body.mode,
+            min_version=body.min_version,
+            actor=identity.actor,
+            purpose=body.purpose,
+        )
+        return SearchResponse(hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(warehouse.manifest(hits)))
+
+    @app.get("/v1/chunks/{chunk_id}", response_model=HitModel, tags=["retrieval"])
+    def get_chunk(chunk_id: str, identity: Caller) -> HitModel:
+        """One chunk or derived row; 404 alike whether it is missing or the caller may not see it."""
+        return HitModel.of(
+            warehouse.get_chunk(chunk_id, subject=identity.subject, tenant=identity.tenant, actor=identity.actor)
+        )
+
+    @app.get("/v1/chunks/{chunk_id}/explain", response_model=ExplanationModel, tags=["retrieval"])
+    def explain(
+        chunk_id: str,
+        identity: Caller,
+        about: Annotated[str | None, Query(max_length=256, description="Whose access to explain (needs audit).")] = None,
+    ) -> ExplanationModel:
+        """Why the caller (or, for an auditor, ``about``) may or may not read the chunk."""
+        return ExplanationModel.of(
+            warehouse.explain(
+                chunk_id,
+                subject=about or identity.subject,
+                tenant=identity.tenant,
+                caller=identity.subject,
+                actor=identity.actor,
+            )
+        )
+
+    @app.post("/v1/ingest", response_model=IngestResponse, tags=["lifecycle"])
+    def ingest(body: IngestRequest, identity: Caller) -> IngestResponse:
+        """Ingest source records into the caller's tenant (needs ``ingest``)."""
+        report = warehouse.ingest_records(
+            body.records, subject=identity.subject, tenant=identity.tenant, actor=identity.actor
+        )
+        return IngestResponse.of(report, warehouse.store.chunks.version)
+
+    @app.post("/v1/derive", response_model=DerivedModel, tags=["lifecycle"])
+    def derive(body: DeriveRequest, identity: Caller) -> DerivedModel:
+        """Save a summary or note derived from chunks the caller may read (needs ``derive``)."""
+        row = warehouse.derive(
+            body.text,
+            parents=body.parents,
+            subject=identity.subject,
+            tenant=identity.tenant,
+            kind=body.kind,
+            actor=identity.actor,
+        )
+        return DerivedModel.of(row)
+
+    @app.post("/v1/sync", response_model=SyncResponse, tags=["lifecycle"])
+    def sync(body: SyncRequest, identity: Caller) -> SyncResponse:
+        """Apply changed ACLs, labels or classifications to documents and what derives from them (needs ``sync``)."""
+        return SyncResponse.of(
+            warehouse.sync(body.records, subject=identity.subject, tenant=identity.tenant, actor=identity.actor)
+        )
+
+    @app.post("/v1/forget", response_model=ForgetResponse, tags=["lifecycle"])
+    def forget(body: ForgetRequest, identity: Caller) -> ForgetResponse:
+        """Erase a document and everything derived from it, old versions included (needs ``forget``)."""
+        return ForgetResponse.of(
+            warehouse.forget(
+                body.doc_id, reason=body.reason, subject=identity.subject, tenant=identity.tenant, actor=identity.actor
+            )
+        )
+
+    @app.get("/v1/lineage/{item_id}", response_model=LineageModel, tags=["audit"])
+    def lineage(item_id: str, identity: Caller) -> LineageModel:
+        """A document's or row's lineage and the receipts that returned it (needs ``audit``)."""
+        return LineageModel.model_validate(warehouse.lineage(item_id, caller=identity.subject, tenant=identity.tenant))
+
+    @app.get("/v1/audit/receipts", response_model=list[ReceiptModel], tags=["audit"])
+    def receipts(
+        identity: Caller,
+        subject: Annotated[str | None, Query(max_length=256)] = None,
+        label: Annotated[str | None, Query(max_length=256)] = None,
+        doc_id: Annotated[str | None, Query(max_length=512)] = None,
+        chunk_id: Annotated[str | None, Query(max_length=512)] = None,
+        operation: Annotated[str | None, Query(max_length=32)] = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_RECEIPTS)] = 100,
+    ) -> list[ReceiptModel]:
+        """The caller's tenant's receipts, newest first, filtered (needs ``audit``)."""
+        found = warehouse.receipts(
+            caller=identity.subject,
+            tenant=identity.tenant,
+            subject=subject,
+            label=label,
+            doc_id=doc_id,
+            chunk_id=chunk_id,
+            operation=operation,
+            since=since,
+            until=until,
+            limit=limit,
+        )
+        return [ReceiptModel.of(r) for r in found]
+
+    @app.get("/v1/audit/verify", response_model=ChainModel, tags=["audit"])
+    def verify(identity: Caller) -> ChainModel:
+        """Verify the whole receipt chain; record the head elsewhere to detect a truncated tail (needs ``audit``)."""
+        report = warehouse.verify_audit(caller=identity.subject, tenant=identity.tenant)
+        seq, head = warehouse.audit.head()
+        return ChainModel(ok=report.ok, receipts=report.receipts, problems=list(report.problems), head_seq=seq, head_hash=head)
+
+    @app.put("/v1/policy", response_model=PolicyResponse, tags=["admin"])
+    def install_policy(body: PolicyRequest, identity: Caller) -> PolicyResponse:
+        """Install a new policy (needs ``admin`` in every tenant the old or new policy names)."""
+        policy = warehouse.install_policy_text(
+            body.text, subject=identity.subject, tenant=identity.tenant, actor=identity.actor
+        )
+        return PolicyResponse(version=policy.version, rules=len(policy.rules), tenants=sorted(policy.tenants))
+
+    if mcp_server is not None:
+        app.mount(MCP_PATH, mcp_server.streamable_http_app())
+    return app

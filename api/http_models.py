@@ -1,0 +1,283 @@
+"""Request and response bodies of the HTTP API.
+
+Requests forbid unknown fields: a body that names a subject, tenant or actor is refused, because
+identity comes from the credential alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..governance.audit import StoredReceipt
+from ..governance.explain import Explanation
+from ..ingest.lifecycle import DERIVED_KINDS, DerivedRow, ForgetReport, SyncReport
+from ..ingest.pipeline import IngestReport
+from ..retrieval.hits import Hit
+from ..retrieval.manifest import ContextManifest
+from ..retrieval.search import MAX_K, MAX_QUERY_CHARS
+
+MAX_RECORDS = 1000
+MAX_PARENTS = 100
+MAX_ID_CHARS = 512
+Mode = Literal["vector", "fts", "hybrid"]
+Level = Literal["public", "internal", "confidential", "restricted"]
+DerivedKind = Literal[DERIVED_KINDS]  # type: ignore[valid-type]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchRequest(Request):
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to search for.")
+    k: int = Field(10, ge=1, le=MAX_K, description=f"How many chunks (1 to {MAX_K}).")
+    mode: Mode = "vector"
+    purpose: str | None = Field(None, max_length=256, description="Why the caller searches; kept in the receipt.")
+    min_version: int | None = Field(None, ge=0, description="Refuse to answer from an older table version.")
+
+
+class DeriveRequest(Request):
+    text: str = Field(min_length=1, max_length=20_000)
+    parents: list[str] = Field(min_length=1, max_length=MAX_PARENTS)
+    kind: DerivedKind = "summary"
+
+
+class IngestRequest(Request):
+    records: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_RECORDS, description="Source records in the JSONL shape of DESIGN §6."
+    )
+
+
+class SyncRequest(IngestRequest):
+    pass
+
+
+class ForgetRequest(Request):
+    doc_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+class PolicyRequest(Request):
+    text: str = Field(min_length=1, max_length=1_000_000, description="The whole policy CSV.")
+
+
+class HitModel(BaseModel):
+    chunk_id: str
+    doc_id: str
+    source_uri: str
+    text: str
+    score: float
+    labels: list[str]
+    classification: Level
+    doc_version: str
+    position: int | None
+    reason: str
+    kind: str
+    parents: list[str]
+    table_version: int
+    policy_version: str
+
+    @classmethod
+    def of(cls, hit: Hit) -> HitModel:
+        return cls.model_validate(hit.as_dict())
+
+
+class ManifestModel(BaseModel):
+    chunk_ids: list[str]
+    labels: list[str]
+    classification: Level
+    table_versions: list[int]
+    policy_versions: list[str]
+    doc_versions: list[str]
+
+    @classmethod
+    def of(cls, manifest: ContextManifest) -> ManifestModel:
+        return cls.model_validate(manifest.as_dict())
+
+
+class SearchResponse(BaseModel):
+    hits: list[HitModel]
+    manifest: ManifestModel
+
+
+class IdentityModel(BaseModel):
+    subject: str
+    tenant: str
+    actor: str | None
+    method: str
+
+
+class RefusalModel(BaseModel):
+    source: str
+    reason: str
+
+
+class IngestResponse(BaseModel):
+    run_id: str
+    written: list[str]
+    documents: int
+    unchanged: int
+    chunks: int
+    skipped: list[RefusalModel]
+    rejected: list[RefusalModel]
+    table_version: int
+
+    @classmethod
+    def of(cls, report: IngestReport, table_version: int) -> IngestResponse:
+        return cls(
+            run_id=report.run_id,
+            written=list(report.written),
+            documents=report.documents,
+            unchanged=report.unchanged,
+            chunks=report.chunks,
+            skipped=[RefusalModel(source=s.source, reason=s.reason) for s in report.skipped],
+            rejected=[RefusalModel(source=r.source, reason=r.reason) for r in report.rejected],
+            table_version=table_version,
+        )
+
+
+class DerivedModel(BaseModel):
+    chunk_id: str
+    kind: str
+    parents: list[str]
+    labels: list[str]
+    classification: Level
+    table_version: int
+
+    @classmethod
+    def of(cls, row: DerivedRow) -> DerivedModel:
+        return cls(
+            chunk_id=row.chunk_id,
+            kind=row.kind,
+            parents=list(row.parents),
+            labels=sorted(row.tags.labels),
+            classification=row.tags.classification.label,  # type: ignore[arg-type]
+            table_version=row.table_version,
+        )
+
+
+class SyncResponse(BaseModel):
+    documents: list[str]
+    chunks: int
+    derived: int
+    table_version: int
+
+    @classmethod
+    def of(cls, report: SyncReport) -> SyncResponse:
+        return cls(documents=list(report.documents), chunks=report.chunks, derived=report.derived, table_version=report.table_version)
+
+
+class ForgetResponse(BaseModel):
+    doc_id: str
+    chunks: int
+    derived: int
+    versions_purged: dict[str, int]
+
+    @classmethod
+    def of(cls, report: ForgetReport) -> ForgetResponse:
+        return cls(doc_id=report.doc_id, chunks=report.chunks, derived=report.derived, versions_purged=dict(report.versions_purged))
+
+
+class StepModel(BaseModel):
+    check: str
+    passed: bool
+    detail: str
+
+
+class ExplanationModel(BaseModel):
+    chunk_id: str
+    subject: str
+    tenant: str
+    allowed: bool
+    reason: str
+    steps: list[StepModel]
+
+    @classmethod
+    def of(cls, explanation: Explanation) -> ExplanationModel:
+        return cls.model_validate(explanation.as_dict())
+
+
+class LineageReceiptModel(BaseModel):
+    seq: int
+    time: str
+    operation: str
+    subject: str
+    actor: str | None
+    returned: list[str]
+
+
+class LineageDerivedModel(BaseModel):
+    chunk_id: str
+    kind: str
+    parents: list[str]
+
+
+class LineageSourceModel(BaseModel):
+    doc_id: str
+    tenant: str
+    version: str
+
+
+class LineageModel(BaseModel):
+    source: LineageSourceModel | None
+    chunks: list[str]
+    derived: list[LineageDerivedModel]
+    receipts: list[LineageReceiptModel]
+
+
+class ReceiptModel(BaseModel):
+    seq: int
+    receipt_id: str
+    time: str
+    kind: str
+    operation: str
+    subject: str
+    actor: str | None
+    tenant: str
+    purpose: str | None
+    allowed: bool
+    reason: str
+    query_fingerprint: str | None
+    query: str | None
+    chunk_ids: list[str]
+    doc_ids: list[str]
+    chunk_labels: dict[str, list[str]]
+    withheld: int
+    policy_version: str | None
+    table_version: int | None
+    details: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+    @classmethod
+    def of(cls, receipt: StoredReceipt) -> ReceiptModel:
+        values = {name: getattr(receipt, name) for name in cls.model_fields if name != "time"}
+        values["chunk_labels"] = {k: list(v) for k, v in receipt.chunk_labels.items()}
+        values["details"] = dict(receipt.details)
+        return cls(time=receipt.time.isoformat(), **values)
+
+
+class ChainModel(BaseModel):
+    ok: bool
+    receipts: int
+    problems: list[str]
+    head_seq: int
+    head_hash: str
+
+
+class PolicyResponse(BaseModel):
+    version: str
+    rules: int
+    tenants: list[str]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    policy_version: str | None
+    table_version: int

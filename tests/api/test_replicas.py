@@ -1,0 +1,229 @@
+"""Stateless replicas: two `ragwarden serve` processes on one warehouse behave as one service.
+
+Every replica reads the warehouse afresh at each request (LanceDB with a read consistency interval
+of zero), so a write acknowledged by one is what the next request to the other sees: ingest, policy,
+sync and API-key revocation alike. The bound is "the next request", and the tests measure its time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
+from support.replicas import Replica
+
+from ragwarden.api.keys import ApiKeys
+from ragwarden.config import Settings
+from ragwarden.embedder import Embedder
+from ragwarden.policies import policy_file
+from ragwarden.warehouse import Warehouse
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_CORPUS = REPO / "examples" / "demo" / "corpus.jsonl"
+DEMO_POLICY = policy_file("demo.csv").read_text(encoding="utf-8")
+ALICE_IN_FPA = "g, user:alice, group:fpa, acme"
+
+pytestmark = pytest.mark.slow  # starts server processes (model load each): about a minute in all
+
+
+@pytest.fixture(scope="module")
+def shared_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Warehouse:
+    """The demo corpus under the demo policy, in a folder both replicas serve."""
+    warehouse = Warehouse(Settings(warehouse=str(tmp_path_factory.mktemp("replicas") / "warehouse")), embedder=embedder)
+    warehouse.install_policy(policy_file("demo.csv"))
+    assert warehouse.ingest(DEMO_CORPUS).ok
+    return warehouse
+
+
+@pytest.fixture(scope="module")
+def two_replicas(shared_warehouse: Warehouse, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Replica, Replica]]:
+    """Two live server processes on 127.0.0.1 over the shared warehouse."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "RAGWARDEN_JWT_SECRET": JWT_SECRET.decode(),
+        "RAGWARDEN_JWT_ISSUER": ISSUER,
+        "RAGWARDEN_JWT_AUDIENCE": AUDIENCE,
+        "RAGWARDEN_POLICY": "",
+    }
+    logs = tmp_path_factory.mktemp("replica-logs")
+    pair = (Replica(shared_warehouse.uri, env, logs), Replica(shared_warehouse.uri, env, logs))
+    starters = [threading.Thread(target=replica.start) for replica in pair]
+    for starter in starters:
+        starter.start()
+    for starter in starters:
+        starter.join()
+    try:
+        for replica in pair:
+            assert replica.process is not None and replica.process.poll() is None, "a replica failed to start"
+        yield pair
+    finally:
+        for replica in pair:
+            replica.stop()
+
+
+def bearer(mint: Callable[..., str], sub: str, **claims: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {mint(sub, exp=int(time.time()) + 3600, **claims)}"}
+
+
+def search_ids(url: str, headers: dict[str, str], query: str, **body: Any) -> list[str]:
+    response = httpx.post(f"{url}/v1/search", json={"query": query, "k": 10, **body}, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    return [hit["doc_id"] for hit in response.json()["hits"]]
+
+
+def test_what_one_replica_ingests_the_other_returns(two_replicas, mint):
+    a, b = two_replicas
+    record = {
+        "id": "replica-note-1",
+        "text": "The zebra migration survey is due in March.",
+        "acl": {"allow": ["group:staff"]},
+        "classification": "internal",
+    }
+    ingested = httpx.post(f"{a.url}/v1/ingest", json={"records": [record]}, headers=bearer(mint, "admin"), timeout=60)
+    assert ingested.status_code == 200, ingested.text
+    assert ingested.json()["written"] == ["replica-note-1"]
+
+    found = search_ids(b.url, bearer(mint, "alice"), "zebra migration survey", min_version=ingested.json()["table_version"])
+    assert found[0] == "replica-note-1"
+
+
+def set_policy(url: str, mint: Callable[..., str], text: str) -> str:
+    response = httpx.put(f"{url}/v1/policy", json={"text": text}, headers=bearer(mint, "admin"), timeout=60)
+    assert response.status_code == 200, response.text
+    return str(response.json()["version"])
+
+
+def test_a_policy_change_on_one_replica_holds_on_the_other_at_the_next_request(two_replicas, mint):
+    a, b = two_replicas
+    alice = bearer(mint, "alice")
+    without_alice = DEMO_POLICY.replace(ALICE_IN_FPA, "")
+    assert without_alice != DEMO_POLICY
+    query = "FY2027 operating budget draft"
+    assert "acme-fin-002" in search_ids(b.url, alice, query)
+
+    delays = []
+    try:
+        for round_ in range(5):
+            for text, visible in ((without_alice, False), (DEMO_POLICY, True)):
+                version = set_policy(a.url, mint, text)
+                acknowledged = time.perf_counter()
+                ready = httpx.get(f"{b.url}/readyz", timeout=30).json()
+                found = search_ids(b.url, alice, query)
+                delays.append(time.perf_counter() - acknowledged)
+                assert ready["policy_version"] == version, f"round {round_}: replica B still serves the old policy"
+                assert ("acme-fin-002" in found) is visible, f"round {round_}: replica B answered under the old policy"
+    finally:
+        set_policy(a.url, mint, DEMO_POLICY)
+    print(f"\npolicy change -> other replica's next answer: max {max(delays) * 1000:.0f} ms over {len(delays)} changes")
+
+
+def test_a_sync_on_one_replica_holds_on_the_other_at_the_next_request(two_replicas, mint):
+    a, b = two_replicas
+    alice, admin = bearer(mint, "alice"), bearer(mint, "admin")
+    query = "FY2027 operating budget draft"
+    original = {"id": "acme-fin-002", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "labels": ["finance"],
+                "classification": "confidential"}  # fmt: skip
+    narrowed = {**original, "acl": {"allow": ["user:olivia"]}}
+    try:
+        synced = httpx.post(f"{a.url}/v1/sync", json={"records": [narrowed]}, headers=admin, timeout=60)
+        assert synced.status_code == 200, synced.text
+        assert "acme-fin-002" not in search_ids(b.url, alice, query)
+    finally:
+        restored = httpx.post(f"{a.url}/v1/sync", json={"records": [original]}, headers=admin, timeout=60)
+        assert restored.status_code == 200, restored.text
+    assert "acme-fin-002" in search_ids(b.url, alice, query)
+
+
+def test_an_api_key_revoked_on_the_warehouse_is_refused_by_every_replica(two_replicas, shared_warehouse):
+    keys = ApiKeys(shared_warehouse.store.db)
+    key = keys.create(subject="service:indexer", tenant="acme")
+    headers = {"Authorization": f"Bearer {key}"}
+    for replica in two_replicas:
+        assert httpx.get(f"{replica.url}/v1/whoami", headers=headers, timeout=30).json()["subject"] == "service:indexer"
+    keys.revoke(key.removeprefix("rwk_").partition(".")[0])
+    for replica in two_replicas:
+        refused = httpx.get(f"{replica.url}/v1/whoami", headers=headers, timeout=30)
+        assert refused.status_code == 401
+        assert "revoked" in refused.json()["error"]["message"]
+
+
+class RollingClient:
+    """Loops searches and note-saving over both replicas, as a load balancer would: a request to a
+    replica that is being restarted may fail and is retried on the other; any other failure counts."""
+
+    def __init__(self, replicas: tuple[Replica, Replica], headers: dict[str, str], parent: str) -> None:
+        self.replicas = replicas
+        self.headers = headers
+        self.parent = parent
+        self.stopping: set[int] = set()
+        self.failures: list[str] = []
+        self.retried = 0
+        self.requests = 0
+        self.saved: list[str] = []
+        self.done = threading.Event()
+
+    def _send(self, replica: Replica, client: httpx.Client, n: int) -> httpx.Response:
+        if n % 2:
+            return client.post(f"{replica.url}/v1/derive", json={"text": f"rolling note {n}", "parents": [self.parent], "kind": "note"})
+        return client.post(f"{replica.url}/v1/search", json={"query": "salary bands", "k": 3})
+
+    def run(self) -> None:
+        # A new connection per request: a kept-alive one to a replica that has gone is not a failure of a live one.
+        with httpx.Client(headers=self.headers, timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            n = 0
+            while not self.done.is_set():
+                n += 1
+                order = self.replicas if n % 2 else self.replicas[::-1]
+                for attempt, replica in enumerate(order):
+                    was_stopping = replica.port in self.stopping
+                    self.requests += 1
+                    try:
+                        response = self._send(replica, client, n)
+                    except httpx.TransportError as exc:
+                        if was_stopping or replica.port in self.stopping:
+                            self.retried += 1
+                            continue
+                        self.failures.append(f"request {n} to live replica {replica.port}: {exc!r}")
+                        break
+                    if response.status_code != 200:
+                        self.failures.append(f"request {n} to {replica.port}: {response.status_code} {response.text[:200]}")
+                    elif n % 2:
+                        self.saved.append(response.json()["chunk_id"])
+                    break
+                else:
+                    self.failures.append(f"request {n}: both replicas refused it (attempts {attempt + 1})")
+
+
+def test_rolling_restart_fails_no_request_to_a_live_replica_and_loses_nothing(two_replicas, shared_warehouse, mint):
+    alice = bearer(mint, "alice")
+    parent = shared_warehouse.search("salary bands", subject="user:alice", tenant="acme", k=1)[0].chunk_id
+    client = RollingClient(two_replicas, alice, parent)
+    loop = threading.Thread(target=client.run)
+    loop.start()
+    try:
+        time.sleep(2)
+        for replica in two_replicas:
+            client.stopping.add(replica.port)
+            replica.stop()
+            replica.start()
+            client.stopping.discard(replica.port)
+            time.sleep(2)
+    finally:
+        client.done.set()
+        loop.join(120)
+
+    assert not client.failures, client.failures[:5]
+    assert len(client.saved) >= 5, f"the loop made too few writes to count ({len(client.saved)})"
+    rows = shared_warehouse.store.rows(client.saved)
+    assert sorted(rows) == sorted(set(client.saved)), "a note one replica acknowledged is missing from the warehouse"
+    for replica in two_replicas:
+        got = httpx.get(f"{replica.url}/v1/chunks/{client.saved[-1]}", headers=alice, timeout=30)
+        assert got.status_code == 200
+    print(f"\nrolling restart: {client.requests} requests, {client.retried} retried on the other replica, "
+          f"{len(client.saved)} notes saved, 0 failed, 0 lost")  # fmt: skip
