@@ -117,8 +117,10 @@ class Store:
 
     @staticmethod
     def _rows_where_in(table: Any, column: str, values: Iterable[str], columns: list[str]) -> list[dict[str, Any]]:
-        """Rows whose ``column`` is one of ``values`` (quoted as data), with ``columns`` only."""
-        wanted = sorted(set(values))
+        """Rows whose ``column`` is one of ``values`` (quoted as data), with ``columns`` only.
+
+        A value holding a NUL character cannot be an id (nor an SQL literal): it matches no row."""
+        wanted = sorted(v for v in set(values) if "\x00" not in v)
         if not wanted:
             return []
         return table.search().where(f"{column} IN {sql_in_list(wanted)}").select(columns).limit(None).to_list()

@@ -452,6 +452,11 @@ class Warehouse:
 
         A named ``subject`` needs ``forget`` in ``tenant``; another tenant's document reads as missing.
         """
+        # The reason goes into the receipt: refuse one it cannot hold before erasing anything.
+        if not isinstance(reason, str) or not reason.strip() or "\x00" in reason:
+            raise InvalidRequestError(
+                "a reason is required to forget a document (it goes into the audit receipt): text without NUL characters"
+            )
 
         def run(confined: str | None) -> ForgetReport:
             if confined is not None:

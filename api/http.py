@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BeforeValidator
 
 from ..config import Settings
 from ..errors import PolicyError
@@ -21,6 +22,7 @@ from ..warehouse import Warehouse
 from .auth import Authenticator, Identity
 from .http_errors import ERROR_RESPONSES, install_error_handlers
 from .http_models import (
+    MAX_ID_CHARS,
     ChainModel,
     DerivedModel,
     DeriveRequest,
@@ -48,6 +50,21 @@ from .limits import BodyLimit
 
 MCP_PATH = "/mcp"
 MAX_RECEIPTS = 1000
+ChunkId = Annotated[str, Path(max_length=MAX_ID_CHARS, description="A chunk or derived row id.")]
+ItemId = Annotated[str, Path(max_length=MAX_ID_CHARS, description="A document, chunk or derived row id.")]
+
+
+def _not_a_number(value: object) -> object:
+    """Refuse a number where a date-time is documented (pydantic would read it as a Unix time)."""
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return value
+    raise ValueError("must be an ISO 8601 date-time with a timezone, such as 2026-01-31T00:00:00Z")
+
+
+Instant = Annotated[datetime, BeforeValidator(_not_a_number)]
+
 _bearer = HTTPBearer(auto_error=False, description="A JWT from the identity provider, or an API key (rwk_...).")
 
 
@@ -125,7 +142,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         return SearchResponse(hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(warehouse.manifest(hits)))
 
     @app.get("/v1/chunks/{chunk_id}", response_model=HitModel, tags=["retrieval"])
-    def get_chunk(chunk_id: str, identity: Caller) -> HitModel:
+    def get_chunk(chunk_id: ChunkId, identity: Caller) -> HitModel:
         """One chunk or derived row; 404 alike whether it is missing or the caller may not see it."""
         return HitModel.of(
             warehouse.get_chunk(chunk_id, subject=identity.subject, tenant=identity.tenant, actor=identity.actor)
@@ -133,7 +150,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
 
     @app.get("/v1/chunks/{chunk_id}/explain", response_model=ExplanationModel, tags=["retrieval"])
     def explain(
-        chunk_id: str,
+        chunk_id: ChunkId,
         identity: Caller,
         about: Annotated[str | None, Query(max_length=256, description="Whose access to explain (needs audit).")] = None,
     ) -> ExplanationModel:
@@ -186,7 +203,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         )
 
     @app.get("/v1/lineage/{item_id}", response_model=LineageModel, tags=["audit"])
-    def lineage(item_id: str, identity: Caller) -> LineageModel:
+    def lineage(item_id: ItemId, identity: Caller) -> LineageModel:
         """A document's or row's lineage and the receipts that returned it (needs ``audit``)."""
         return LineageModel.model_validate(warehouse.lineage(item_id, caller=identity.subject, tenant=identity.tenant))
 
@@ -198,8 +215,8 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         doc_id: Annotated[str | None, Query(max_length=512)] = None,
         chunk_id: Annotated[str | None, Query(max_length=512)] = None,
         operation: Annotated[str | None, Query(max_length=32)] = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        since: Instant | None = None,
+        until: Instant | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_RECEIPTS)] = 100,
     ) -> list[ReceiptModel]:
         """The caller's tenant's receipts, newest first, filtered (needs ``audit``)."""

@@ -64,8 +64,8 @@ class ErrorBody(BaseModel):
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": code.replace("_", " ")}
-    for status, code in ((401, "unauthenticated"), (403, "forbidden"), (404, "not_found"), (413, "payload_too_large"),
-                         (422, "invalid_request"), (503, "unavailable"))
+    for status, code in ((400, "bad_request"), (401, "unauthenticated"), (403, "forbidden"), (404, "not_found"),
+                         (413, "payload_too_large"), (422, "invalid_request"), (503, "unavailable"))
 }  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..governance.audit import StoredReceipt
 from ..governance.explain import Explanation
@@ -36,6 +36,14 @@ class SearchRequest(Request):
     mode: Mode = "vector"
     purpose: str | None = Field(None, max_length=256, description="Why the caller searches; kept in the receipt.")
     min_version: int | None = Field(None, ge=0, description="Refuse to answer from an older table version.")
+
+    @field_validator("k", "min_version", mode="before")
+    @classmethod
+    def _a_json_number(cls, value: object) -> object:
+        """Refuse true/false and numeric strings where the schema says integer (pydantic would coerce them)."""
+        if isinstance(value, bool | str):
+            raise ValueError("must be a whole number")  # noqa: TRY004 - pydantic reports only ValueError
+        return value
 
 
 class DeriveRequest(Request):

@@ -295,8 +295,12 @@ def _timestamp_literal(moment: object, what: str) -> str:
         raise InvalidRequestError(f"{what} must be a datetime, got {type(moment).__name__}")
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise InvalidRequestError(f"{what} {moment.isoformat()} has no timezone; pass an aware datetime")
-    utc = moment.astimezone(timezone.utc)
-    return f"TIMESTAMP '{utc.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z'"
+    try:
+        utc = moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidRequestError(f"{what} {moment.isoformat()} is out of range in UTC") from None
+    # the year zero-padded: strftime writes year 86 as "86", which the SQL parser refuses
+    return f"TIMESTAMP '{utc.year:04d}-{utc.strftime('%m-%dT%H:%M:%S.%f')}Z'"
 
 
 def _is_commit_conflict(exc: Exception) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.demo_world import demo_world
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
@@ -16,7 +17,6 @@ from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_CORPUS = REPO / "examples" / "demo" / "corpus.jsonl"
 
 
 @pytest.fixture(scope="session")
@@ -48,11 +48,7 @@ def demo_policy_warehouse(tmp_path: Path, embedder: Embedder) -> Warehouse:
 @pytest.fixture(scope="session")
 def demo_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Warehouse:
     """The demo corpus ingested under the demo policy; shared, so tests must only read it."""
-    warehouse = Warehouse(Settings(warehouse=str(tmp_path_factory.mktemp("demo") / "warehouse")), embedder=embedder)
-    warehouse.install_policy(policy_file("demo.csv"))
-    report = warehouse.ingest(DEMO_CORPUS)
-    assert report.ok, report.rejected
-    return warehouse
+    return demo_world(tmp_path_factory.mktemp("demo"), embedder)
 
 
 BASE_RECORD: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,7 +16,6 @@ from support.live_server import serving
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
 from ragwarden.warehouse import Warehouse
-
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +67,52 @@ def as_user(demo_service_url: str, mint: Callable[..., str]) -> Iterator[Callabl
     yield client
     for made in clients:
         made.close()
+
+
+# ---------------------------------------------------------------- fresh warehouses and servers for writes
+
+SMALL_CORPUS: list[dict[str, Any]] = [
+    {"id": "acme-memo", "text": "The cafeteria menu changes on Mondays; soup is served daily.", "tenant": "acme",
+     "acl": {"allow": ["everyone"], "deny": []}, "labels": [], "classification": "public", "uri": "test://acme/memo"},
+    {"id": "acme-budget", "text": "The quarterly budget review moves to Thursday; forecasts are due Wednesday.",
+     "tenant": "acme", "acl": {"allow": ["group:finance"], "deny": []}, "labels": ["finance"],
+     "classification": "confidential", "uri": "test://acme/budget"},
+    {"id": "globex-plan", "text": "Globex plans a new warehouse in Springfield for its widget line.", "tenant": "globex",
+     "acl": {"allow": ["group:staff"], "deny": []}, "labels": [], "classification": "internal",
+     "uri": "test://globex/plan"},
+]  # fmt: skip
+
+
+@pytest.fixture
+def small_warehouse(demo_policy_warehouse: Warehouse) -> Warehouse:
+    """A fresh warehouse under the demo policy holding SMALL_CORPUS (two acme documents, one globex)."""
+    report = demo_policy_warehouse.ingest_records(SMALL_CORPUS)
+    assert report.ok, report.rejected
+    return demo_policy_warehouse
+
+
+@pytest.fixture
+def serve(auth_settings: AuthSettings) -> Iterator[Callable[..., str]]:
+    """Serve a warehouse's API (no MCP) on 127.0.0.1 until the test ends: serve(warehouse, max_body_bytes=...);
+    ``auth`` replaces the HS256 test settings, ``configure`` gets the app before it starts."""
+    with contextlib.ExitStack() as stack:
+
+        def start(warehouse: Warehouse, *, auth: AuthSettings | None = None,
+                  configure: Callable[[Any], None] | None = None, **settings: Any) -> str:
+            app = create_app(Settings(warehouse=warehouse.uri, auth=auth or auth_settings, **settings),
+                             warehouse=warehouse, with_mcp=False)
+            if configure is not None:
+                configure(app)
+            return stack.enter_context(serving(app))
+
+        yield start  # fmt: skip
+
+
+@pytest.fixture
+def bearer(mint: Callable[..., str]) -> Callable[..., dict[str, str]]:
+    """Authorization headers for a demo user: bearer("admin"), bearer("alice", tenant="globex")."""
+
+    def headers(sub: str, **token_claims: Any) -> dict[str, str]:
+        return {"Authorization": f"Bearer {mint(sub, **token_claims)}"}
+
+    return headers

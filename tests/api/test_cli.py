@@ -182,3 +182,58 @@ def test_derive_explain_sync_forget_from_the_command_line(runner, demo_cli_wareh
     assert forgot.exit_code == 0 and "1 chunks, 1 derived rows" in forgot.stdout
     gone = runner.invoke(main, ["forget", "acme-hr-001", "--reason", "again", *args])
     assert gone.exit_code == 1 and "not found" in gone.stderr
+
+
+def test_token_mints_a_token_the_service_accepts(runner, warehouse_args, monkeypatch):
+    from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
+
+    from ragwarden.api.auth import Authenticator
+    from ragwarden.api.keys import ApiKeys
+    from ragwarden.config import Settings
+    from ragwarden.store import connect
+
+    monkeypatch.setenv("RAGWARDEN_JWT_SECRET", JWT_SECRET.decode())
+    monkeypatch.setenv("RAGWARDEN_JWT_ISSUER", ISSUER)
+    monkeypatch.setenv("RAGWARDEN_JWT_AUDIENCE", AUDIENCE)
+    result = runner.invoke(main, ["token", "--sub", "alice", "--tenant", "acme", "--act", "agent:notes", *warehouse_args])
+    assert result.exit_code == 0, result.output
+    settings = Settings.from_env()
+    identity = Authenticator(settings.auth, ApiKeys(connect(warehouse_args[1]))).verify(result.output.strip())
+    assert (identity.subject, identity.tenant, identity.actor) == ("user:alice", "acme", "agent:notes")
+
+
+def test_token_without_a_configured_secret_says_what_to_set(runner, warehouse_args, monkeypatch):
+    monkeypatch.delenv("RAGWARDEN_JWT_SECRET", raising=False)
+    result = runner.invoke(main, ["token", "--sub", "alice", "--tenant", "acme", *warehouse_args])
+    assert result.exit_code == 1
+    assert "RAGWARDEN_JWT_SECRET" in result.output
+
+
+def test_apikey_create_list_revoke_keeps_only_the_hash(runner, warehouse_args):
+    from ragwarden.api.keys import ApiKeys
+    from ragwarden.errors import AuthenticationError
+    from ragwarden.store import connect
+
+    created = runner.invoke(main, ["apikey", "create", "--subject", "service:indexer", "--tenant", "acme", *warehouse_args])
+    assert created.exit_code == 0, created.output
+    key = created.output.strip()
+    key_id, _, secret = key.removeprefix("rwk_").partition(".")
+    keys = ApiKeys(connect(warehouse_args[1]))
+    assert keys.verify(key).subject == "service:indexer"
+
+    listed = runner.invoke(main, ["apikey", "list", *warehouse_args])
+    assert json.loads(listed.output)["key_id"] == key_id
+    assert secret not in listed.output
+    stored = connect(warehouse_args[1]).open_table("api_keys").to_arrow().to_pylist()
+    assert all(secret not in json.dumps(row, default=str) for row in stored)
+
+    revoked = runner.invoke(main, ["apikey", "revoke", key_id, *warehouse_args])
+    assert revoked.exit_code == 0, revoked.output
+    with pytest.raises(AuthenticationError, match="revoked"):
+        keys.verify(key)
+
+
+def test_apikey_refuses_a_subject_that_is_not_a_service_or_user(runner, warehouse_args):
+    result = runner.invoke(main, ["apikey", "create", "--subject", "group:admins", "--tenant", "acme", *warehouse_args])
+    assert result.exit_code == 1
+    assert "service:NAME or user:NAME" in result.output

@@ -10,22 +10,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from support.demo_world import demo_world
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.replicas import Replica
 
 from ragwarden.api.keys import ApiKeys
-from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
-REPO = Path(__file__).resolve().parents[2]
-DEMO_CORPUS = REPO / "examples" / "demo" / "corpus.jsonl"
 DEMO_POLICY = policy_file("demo.csv").read_text(encoding="utf-8")
 ALICE_IN_FPA = "g, user:alice, group:fpa, acme"
 
@@ -35,10 +32,7 @@ pytestmark = pytest.mark.slow  # starts server processes (model load each): abou
 @pytest.fixture(scope="module")
 def shared_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Warehouse:
     """The demo corpus under the demo policy, in a folder both replicas serve."""
-    warehouse = Warehouse(Settings(warehouse=str(tmp_path_factory.mktemp("replicas") / "warehouse")), embedder=embedder)
-    warehouse.install_policy(policy_file("demo.csv"))
-    assert warehouse.ingest(DEMO_CORPUS).ok
-    return warehouse
+    return demo_world(tmp_path_factory.mktemp("replicas"), embedder)
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +174,7 @@ class RollingClient:
             while not self.done.is_set():
                 n += 1
                 order = self.replicas if n % 2 else self.replicas[::-1]
-                for attempt, replica in enumerate(order):
+                for replica in order:
                     was_stopping = replica.port in self.stopping
                     self.requests += 1
                     try:
@@ -197,7 +191,7 @@ class RollingClient:
                         self.saved.append(response.json()["chunk_id"])
                     break
                 else:
-                    self.failures.append(f"request {n}: both replicas refused it (attempts {attempt + 1})")
+                    self.failures.append(f"request {n}: both replicas refused it")
 
 
 def test_rolling_restart_fails_no_request_to_a_live_replica_and_loses_nothing(two_replicas, shared_warehouse, mint):

@@ -18,7 +18,6 @@ from ragwarden.governance.tags import (
     tenant_problem,
 )
 
-
 # -- principals ---------------------------------------------------------------------------
 
 
