@@ -6,12 +6,25 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal, get_args
 
 from .errors import ConfigurationError
+
+EmbedBackend = Literal["torch", "onnx", "onnx-int8"]
+EMBED_BACKENDS: tuple[EmbedBackend, ...] = get_args(EmbedBackend)
 
 DEFAULT_WAREHOUSE = ".ragwarden"
 DEFAULT_DATA_DIR = "../shared/data"
 JWT_ALGORITHMS = ("HS256", "RS256", "ES256")
+
+
+def check_embed_backend(value: object) -> EmbedBackend:
+    """``value`` as an embedding backend; anything else is refused naming it (RAGWARDEN_EMBED_BACKEND)."""
+    if value not in EMBED_BACKENDS:
+        raise ConfigurationError(
+            f"unknown embedding backend {value!r} (RAGWARDEN_EMBED_BACKEND); use one of {', '.join(EMBED_BACKENDS)}"
+        )
+    return value  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +87,8 @@ class Settings:
     ``openlineage_env`` is the ``OPENLINEAGE*`` environment (transport configuration);
     ``lineage_dir`` holds the lineage spool (default: ``_lineage`` in a local warehouse).
     ``auth`` is how the HTTP and MCP services verify credentials.
+    ``embed_backend`` runs the embedding model in PyTorch or as an ONNX export (fp32 or int8),
+    exported once into ``embed_cache_dir`` (default: see ``ragwarden.embedder.default_cache_dir``).
     """
 
     warehouse: str = DEFAULT_WAREHOUSE
@@ -82,6 +97,8 @@ class Settings:
     max_file_bytes: int = 20 * 1024 * 1024
     chunk_overlap: int = 32
     embed_batch_size: int = 32
+    embed_backend: EmbedBackend = "torch"
+    embed_cache_dir: Path | None = None
     write_batch_docs: int = 64
     audit_key: bytes | None = field(default=None, repr=False)
     audit_raw_queries: bool = False
@@ -96,6 +113,7 @@ class Settings:
                 raise ConfigurationError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         if self.chunk_overlap < 0:
             raise ConfigurationError(f"setting chunk_overlap must be at least 0, got {self.chunk_overlap}")
+        check_embed_backend(self.embed_backend)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -119,6 +137,10 @@ class Settings:
                     values[name] = int(env[key])
                 except ValueError:
                     raise ConfigurationError(f"{key} must be a whole number of bytes, got {env[key]!r}") from None
+        if env.get("RAGWARDEN_EMBED_BACKEND"):
+            values["embed_backend"] = env["RAGWARDEN_EMBED_BACKEND"]
+        if env.get("RAGWARDEN_EMBED_CACHE"):
+            values["embed_cache_dir"] = Path(env["RAGWARDEN_EMBED_CACHE"])
         if env.get("RAGWARDEN_LINEAGE_DIR"):
             values["lineage_dir"] = Path(env["RAGWARDEN_LINEAGE_DIR"])
         values["openlineage_env"] = {k: v for k, v in env.items() if k.startswith("OPENLINEAGE")}

@@ -8,6 +8,7 @@ CHUNKS = "chunks"
 SOURCES = "sources"
 CLAUSES = "acl_clauses"
 POLICIES = "policies"
+LABELS = "labels"
 
 TAG_COLUMNS = ("tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification")
 
@@ -66,6 +67,9 @@ CLAUSES_SCHEMA = pa.schema(
         pa.field("principals", _strings, nullable=False),
     ]
 )
+
+LABELS_SCHEMA = pa.schema([pa.field("label", pa.string(), nullable=False)])
+"""Every label any row has carried: the compiled filter names the ones a caller is not cleared for."""
 
 POLICIES_SCHEMA = pa.schema(
     [

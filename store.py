@@ -7,6 +7,7 @@ latest commit: a replica never serves a revoked ACL from a stale handle.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -15,16 +16,27 @@ from typing import Any
 
 import lancedb
 import pyarrow as pa
+import pyarrow.compute as pc
 from lancedb.index import FTS
 
 from .errors import WarehouseError
 from .governance.policy import Policy
 from .governance.sql import sql_in_list, sql_list, sql_string
 from .governance.tags import GovernanceTags
+from .indexing import (
+    VECTOR_INDEX_MIN_ROWS,
+    IndexReport,
+    compact,
+    ensure_scalar_indexes,
+    ensure_vector_index,
+    has_vector_index,
+)
 from .schema import (
     CHUNKS,
     CLAUSES,
     CLAUSES_SCHEMA,
+    LABELS,
+    LABELS_SCHEMA,
     POLICIES,
     POLICIES_SCHEMA,
     SOURCES,
@@ -77,13 +89,19 @@ class Store:
 
     def __init__(self, uri: str, *, dimension: int) -> None:
         self.uri = uri
+        self.dimension = dimension
         self.db = connect(uri)
         self.chunks = self._table(CHUNKS, chunks_schema(dimension))
         self.sources = self._table(SOURCES, SOURCES_SCHEMA)
         self.clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
         self.policies = self._table(POLICIES, POLICIES_SCHEMA)
         self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
+        self._label_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._lock = threading.Lock()
+        backfill = LABELS not in self.db.list_tables().tables
+        self.labels = self._table(LABELS, LABELS_SCHEMA)
+        if backfill:
+            self.register_labels(self._labels_in_rows())
 
     def _table(self, name: str, schema: pa.Schema) -> Any:
         return open_table(self.db, name, schema)
@@ -112,6 +130,43 @@ class Store:
                 .when_not_matched_insert_all()
                 .execute(pa.Table.from_pylist(new, schema=CLAUSES_SCHEMA))
             )
+
+    def label_registry(self) -> frozenset[str]:
+        """Every label a row has carried, re-read only when the registry has a new version."""
+        version = self.labels.version
+        with self._lock:
+            if self._label_cache[0] == version:
+                return self._label_cache[1]
+        labels = frozenset(self.labels.to_arrow().column("label").to_pylist())
+        with self._lock:
+            self._label_cache = (version, labels)
+        return labels
+
+    def register_labels(self, labels: Iterable[str]) -> None:
+        """Record labels before any row carrying them is written, so a filter can name them."""
+        new = sorted(set(labels) - self.label_registry())
+        if new:
+            (
+                self.labels.merge_insert("label")
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_pydict({"label": new}, schema=LABELS_SCHEMA))
+            )
+
+    def _register_labels_of(self, rows: pa.Table) -> None:
+        """Every write of rows goes through here first, so the registry holds every label on disk."""
+        if rows.num_rows:
+            self.register_labels(label for label in pc.list_flatten(rows.column("labels")).to_pylist() if label)
+
+    def registry_version(self) -> str:
+        """Changes whenever a clause token or a label is registered (part of every filter cache key)."""
+        return f"{self.clauses.version}.{self.labels.version}"
+
+    def _labels_in_rows(self) -> set[str]:
+        """Labels already on rows of a warehouse written before the label registry existed."""
+        if self.chunks.count_rows() == 0:
+            return set()
+        column = self.chunks.to_lance().to_table(columns=["labels"]).column("labels")
+        return {label for label in pc.list_flatten(column).to_pylist() if label is not None}
 
     # -- documents ------------------------------------------------------------------------
 
@@ -155,6 +210,7 @@ class Store:
         so a reader sees the old version or the new one, never both or neither. ``chunk_rows``
         may also carry re-tagged derived rows, and ``orphans`` derived rows to delete with them.
         """
+        self._register_labels_of(chunk_rows)
         if doc_ids:
             gone = f"doc_id IN {sql_in_list(doc_ids)}"
             if orphans:
@@ -207,6 +263,7 @@ class Store:
     def add_rows(self, rows: list[dict[str, Any]]) -> None:
         """Insert new rows (a derived row); an id already present is left as it is."""
         table = pa.Table.from_pylist(rows, schema=self.chunks.schema)
+        self._register_labels_of(table)
         self.chunks.merge_insert("chunk_id").when_not_matched_insert_all().execute(table)
 
     def update_tags(
@@ -218,6 +275,7 @@ class Store:
             columns = ["chunk_id", *TAG_COLUMNS]
             schema = pa.schema([self.chunks.schema.field(c) for c in columns])
             table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in rows], schema=schema)
+            self._register_labels_of(table)
             merge = self.chunks.merge_insert("chunk_id").when_matched_update_all()
             if delete:
                 merge = merge.when_not_matched_by_source_delete(f"chunk_id IN {sql_in_list(delete)}")
@@ -236,14 +294,17 @@ class Store:
         self.sources.delete(f"doc_id = {sql_string(doc_id)}")
 
     def purge_history(self) -> dict[str, int]:
-        """Physically remove deleted rows: rewrite files holding them, rebuild the text index,
-        and drop every old table version, so erased text is in no file under the warehouse."""
+        """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
+        indexes (both hold copies of what rows said), and drop every old table version, so erased
+        text and vectors are in no file under the warehouse."""
         removed: dict[str, int] = {}
         for name, table in ((CHUNKS, self.chunks), (SOURCES, self.sources)):
             table.to_lance().optimize.compact_files(materialize_deletions_threshold=0.0)
             table.checkout_latest()
             if name == CHUNKS and any(index.index_type == "FTS" for index in table.list_indices()):
                 table.create_index("text", config=FTS(), replace=True)
+            if name == CHUNKS and has_vector_index(table):
+                ensure_vector_index(table, rows=table.count_rows(), rebuild=True)
             stats = table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
             removed[name] = int(stats.old_versions)
         return removed
@@ -258,14 +319,38 @@ class Store:
                 f"chunks table is at version {self.chunks.version}, older than the {min_version} asked for; retry shortly"
             )
 
-    def ensure_text_index(self) -> None:
-        """Build the full-text index once; later rows are searched unindexed until optimized."""
-        if self.chunks.count_rows() == 0:
-            return
+    def optimize(
+        self, *, rebuild_vector_index: bool = False, vector_index_min_rows: int = VECTOR_INDEX_MIN_ROWS
+    ) -> IndexReport:
+        """Bring the indexes up to date after writes: the full-text index, the scalar indexes the
+        compiled filter uses, the vector index once the table is big enough; small fragments are
+        merged and new rows folded into the indexes. Rows not yet indexed are still searched."""
+        started = time.perf_counter()
+        seconds: dict[str, float] = {}
+        rows = self.chunks.count_rows()
+        fragments_before = len(self.chunks.to_lance().get_fragments())
+        if rows == 0:
+            return IndexReport(rows=0, scalar_indexes=(), vector_index=None, fragments_before=fragments_before,
+                               fragments_after=fragments_before, seconds={})  # fmt: skip
         if not any(index.index_type == "FTS" for index in self.chunks.list_indices()):
             self.chunks.create_index("text", config=FTS(), replace=True)
-        else:
-            self.chunks.optimize()
+        seconds["text_index"] = time.perf_counter() - started
+        scalar = ensure_scalar_indexes(self.chunks)
+        seconds["scalar_indexes"] = time.perf_counter() - started - sum(seconds.values())
+        vector = ensure_vector_index(
+            self.chunks, rows=rows, rebuild=rebuild_vector_index, min_rows=vector_index_min_rows
+        )
+        seconds["vector_index"] = time.perf_counter() - started - sum(seconds.values())
+        compact(self.chunks)
+        seconds["compact"] = time.perf_counter() - started - sum(seconds.values())
+        return IndexReport(
+            rows=rows,
+            scalar_indexes=scalar,
+            vector_index=vector,
+            fragments_before=fragments_before,
+            fragments_after=len(self.chunks.to_lance().get_fragments()),
+            seconds=seconds,
+        )
 
     # -- policies -------------------------------------------------------------------------
 

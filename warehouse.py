@@ -52,7 +52,7 @@ class Warehouse:
 
     def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
         self.settings = settings
-        self.embedder = embedder or Embedder(batch_size=settings.embed_batch_size)
+        self.embedder = embedder or Embedder.from_settings(settings)
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension)
         self.audit = AuditLog(self.store.db, key=settings.audit_key)
         self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
@@ -289,15 +289,20 @@ class Warehouse:
         min_version: int | None = None,
         actor: str | None = None,
         purpose: str | None = None,
+        vector: Sequence[float] | None = None,
     ) -> list[Hit]:
         """The best ``k`` chunks ``subject`` may read in ``tenant`` (fewer only if fewer are visible).
+
+        ``vector``: the query's embedding, when the caller computed it already.
 
         ``min_version``: refuse to answer from a table older than this version (read-your-writes).
         ``actor``: the agent acting for ``subject``; it gets exactly the subject's visibility.
         """
         self.store.require_version(min_version)
         policy = self.policy
-        hits, withheld = self._searcher.search(query, policy=policy, subject=subject, tenant=tenant, k=k, mode=mode)
+        hits, withheld = self._searcher.search(
+            query, policy=policy, subject=subject, tenant=tenant, k=k, mode=mode, vector=vector
+        )
         self.audit.append(
             Receipt(
                 kind="retrieval",

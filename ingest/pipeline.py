@@ -17,6 +17,10 @@ from .files import iter_file_sources
 from .records import Outcome, Rejected, Skipped, SourceRecord, read_jsonl
 from .writer import DocumentWriter
 
+EMBED_WINDOW_DOCS = 512
+"""Documents whose new text is embedded in one call, written in commits of ``batch_docs``: enough
+for the model to see full, length-sorted batches; few enough to keep memory and latency small."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class IngestReport:
@@ -94,7 +98,11 @@ def run_ingest(
     batch_docs: int,
     progress: bool | None = None,
 ) -> IngestReport:
-    """Write every valid record, batch by batch; each batch is one commit."""
+    """Write every valid record, batch by batch; each batch is one commit.
+
+    Batches are written a window at a time (about ``EMBED_WINDOW_DOCS`` documents) so the window's
+    text is embedded in one call; commits stay one per batch.
+    """
     started = time.perf_counter()
     run_id = str(uuid.uuid4())
     writer = DocumentWriter(store, embedder, overlap=overlap, run_id=run_id)
@@ -103,20 +111,25 @@ def run_ingest(
     written: list[str] = []
     unchanged = chunks = 0
     batch: list[SourceRecord] = []
+    window: list[list[SourceRecord]] = []
+    window_batches = max(1, EMBED_WINDOW_DOCS // batch_docs)
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(desc="ingest", unit="doc", disable=not show, file=sys.stderr)
 
-    def flush() -> None:
+    def flush(*, final: bool = False) -> None:
         nonlocal unchanged, chunks
-        if not batch:
+        if batch:
+            window.append(batch.copy())
+            batch.clear()
+        if len(window) < window_batches and not final:
             return
-        result = writer.write(batch)
-        written.extend(result.written)
-        unchanged += len(result.unchanged)
-        chunks += result.chunks
-        rejected.extend(result.rejected)
-        bar.update(len(batch))
-        batch.clear()
+        for records, result in zip(window, writer.write_many(window), strict=True):
+            written.extend(result.written)
+            unchanged += len(result.unchanged)
+            chunks += result.chunks
+            rejected.extend(result.rejected)
+            bar.update(len(records))
+        window.clear()
 
     with bar:
         for outcome in dedupe_ids(outcomes):
@@ -128,9 +141,9 @@ def run_ingest(
                 batch.append(outcome)
                 if len(batch) >= batch_docs:
                     flush()
-        flush()
+        flush(final=True)
     if written:
-        store.ensure_text_index()
+        store.optimize()
     return IngestReport(
         run_id=run_id,
         written=tuple(written),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -40,6 +40,19 @@ class BatchResult:
     chunks: int
 
 
+@dataclass(kw_only=True)
+class _Plan:
+    """One batch decided but not yet written: embedding happens between planning and commit."""
+
+    changed: list[SourceRecord]
+    unchanged: list[str]
+    rejected: list[Rejected]
+    existing: set[str]
+    chunked: list[tuple[SourceRecord, list[tuple[Chunk, str]]]] = field(default_factory=list)
+    vectors: dict[str, list[float]] = field(default_factory=dict)
+    to_embed: dict[str, str] = field(default_factory=dict)
+
+
 class DocumentWriter:
     """Writes batches of validated source records into one warehouse."""
 
@@ -50,6 +63,31 @@ class DocumentWriter:
         self.run_id = run_id
 
     def write(self, records: Sequence[SourceRecord]) -> BatchResult:
+        """Write one batch in one commit."""
+        return self.write_many([records])[0]
+
+    def write_many(self, batches: Sequence[Sequence[SourceRecord]]) -> list[BatchResult]:
+        """Write several batches, each in its own commit, embedding all their new text in one call.
+
+        One call gives the model full, length-sorted batches instead of a ragged tail per commit.
+        If it fails, the batches are written one by one, so those before the failing one still
+        land, exactly as if each had been written alone.
+        """
+        plans = [self._plan(records) for records in batches]
+        texts = {cid: text for plan in plans for cid, text in plan.to_embed.items()}
+        fresh: dict[str, list[float]] = {}
+        if texts:
+            try:
+                embedded = self.embedder.encode(list(texts.values()))
+            except Exception:
+                if len(plans) == 1:
+                    raise
+                return [self.write(records) for records in batches]
+            fresh = dict(zip(texts, (v.tolist() for v in embedded), strict=True))
+        return [self._commit(plan, fresh) for plan in plans]
+
+    def _plan(self, records: Sequence[SourceRecord]) -> _Plan:
+        """What one batch will write: its changed records chunked, and the chunk texts not yet embedded."""
         states = self.store.source_states(r.doc_id for r in records)
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
@@ -67,38 +105,45 @@ class DocumentWriter:
                 unchanged.append(record.doc_id)
             else:
                 changed.append(record)
+        existing = {r.doc_id for r in changed if r.doc_id in states}
+        plan = _Plan(changed=changed, unchanged=unchanged, rejected=rejected, existing=existing)
         if not changed:
-            return BatchResult(written=[], unchanged=unchanged, rejected=rejected, chunks=0)
-
+            return plan
         window = self.embedder.max_tokens
-        chunked = [(r, chunk_text(r.text, self.embedder.tokenizer, window=window, overlap=self.overlap)) for r in changed]
-        ids = {
-            (r.doc_id, c.position): chunk_id(r.doc_id, r.version, c.position, c.text) for r, chunks in chunked for c in chunks
+        tokenizer = self.embedder.tokenizer
+        for record in changed:
+            chunks = chunk_text(record.text, tokenizer, window=window, overlap=self.overlap)
+            ids = [chunk_id(record.doc_id, record.version, c.position, c.text) for c in chunks]
+            plan.chunked.append((record, list(zip(chunks, ids, strict=True))))
+        plan.vectors = self.store.vectors_of(cid for _, chunks in plan.chunked for _, cid in chunks)
+        plan.to_embed = {
+            cid: chunk.text for _, chunks in plan.chunked for chunk, cid in chunks if cid not in plan.vectors
         }
-        vectors = self.store.vectors_of(ids.values())
-        texts_to_embed = {
-            ids[(r.doc_id, c.position)]: c.text for r, chunks in chunked for c in chunks if ids[(r.doc_id, c.position)] not in vectors
-        }
-        embedded = self.embedder.encode(list(texts_to_embed.values()))
-        vectors.update(zip(texts_to_embed, (v.tolist() for v in embedded), strict=True))
+        return plan
 
+    def _commit(self, plan: _Plan, fresh: dict[str, list[float]]) -> BatchResult:
+        """Write one planned batch, with the vectors embedded for it, in one commit."""
+        if not plan.changed:
+            return BatchResult(written=[], unchanged=plan.unchanged, rejected=plan.rejected, chunks=0)
+        vectors = plan.vectors | {cid: fresh[cid] for cid in plan.to_embed}
         now = datetime.now(timezone.utc)
         chunk_rows = [
-            self._chunk_row(record, chunk, ids[(record.doc_id, chunk.position)], vectors, now)
-            for record, chunks in chunked
-            for chunk in chunks
+            self._chunk_row(record, chunk, cid, vectors, now)
+            for record, chunks in plan.chunked
+            for chunk, cid in chunks
         ]
-        source_rows = [self._source_row(record, len(chunks), now) for record, chunks in chunked]
-        self.store.register_clauses({t: c for r in changed for t, c in r.tags.clauses_by_token.items()})
-        replaced = [r for r in changed if r.doc_id in states]  # new documents have nothing derived yet
+        source_rows = [self._source_row(record, len(chunks), now) for record, chunks in plan.chunked]
+        self.store.register_clauses({t: c for r in plan.changed for t, c in r.tags.clauses_by_token.items()})
+        replaced = [r for r in plan.changed if r.doc_id in plan.existing]  # new documents have nothing derived yet
         derived, orphans = self._rederive(replaced, chunk_rows) if replaced else ([], [])
         self.store.replace_documents(
-            [r.doc_id for r in changed],
+            [r.doc_id for r in plan.changed],
             pa.Table.from_pylist([*chunk_rows, *derived], schema=self.store.chunks.schema),
             pa.Table.from_pylist(source_rows, schema=SOURCES_SCHEMA),
             orphans=orphans,
         )
-        return BatchResult(written=[r.doc_id for r in changed], unchanged=unchanged, rejected=rejected, chunks=len(chunk_rows))
+        written = [r.doc_id for r in plan.changed]
+        return BatchResult(written=written, unchanged=plan.unchanged, rejected=plan.rejected, chunks=len(chunk_rows))
 
     def _rederive(
         self, changed: Sequence[SourceRecord], chunk_rows: list[dict[str, object]]

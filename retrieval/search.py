@@ -9,17 +9,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from lancedb.query import MatchQuery
 
 from ..embedder import Embedder
 from ..errors import InvalidRequestError
-from ..governance.compiler import SubjectView, compile_filter
+from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Policy
 from ..governance.tags import Classification, principal_problem, tenant_problem
 from ..governance.visibility import check_row
+from ..indexing import has_vector_index
 from ..store import Store
 from .fusion import reciprocal_rank_fusion
 from .hits import Hit
@@ -30,6 +32,10 @@ MODES = ("vector", "fts", "hybrid")
 MAX_K = 1000
 MAX_QUERY_CHARS = 8192
 HYBRID_CANDIDATES = 50
+FLAT_SEARCH_MAX_ROWS = 20_000
+"""Up to this many visible rows, an exact scan of them beats the vector index (see the benchmark)."""
+INDEX_NPROBES = 20
+INDEX_REFINE_FACTOR = 10
 _COLUMNS = [
     "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
     "acl_clauses", "labels", "classification", "doc_version", "position",
@@ -76,37 +82,82 @@ def validate_request(query: str, subject: str, tenant: str, k: int, mode: str) -
 
 
 class Searcher:
-    """Runs governed searches over one store with one embedder."""
+    """Runs governed searches over one store with one embedder.
 
-    def __init__(self, store: Store, embedder: Embedder) -> None:
+    Each search is planned: on a table with a vector index, a caller who may read few rows gets
+    an exact scan of exactly those rows (the scalar indexes find them), and one who may read many
+    gets the vector index, prefiltered, with candidates re-ranked on full vectors. Below
+    ``flat_max_rows`` visible rows the scan is both faster and exact (the benchmark measures the
+    crossover); without a vector index every search is an exact scan.
+    """
+
+    def __init__(self, store: Store, embedder: Embedder, *, flat_max_rows: int = FLAT_SEARCH_MAX_ROWS) -> None:
         self.store = store
         self.embedder = embedder
+        self.flat_max_rows = flat_max_rows
         self.filters = FilterCache()
+        self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._indexed: tuple[int, bool] = (-1, False)
 
-    def compiled_filter(self, policy: Policy, subject: str, tenant: str) -> str:
-        registry_version = str(self.store.clauses.version)
-        key = (subject, tenant, policy.version, registry_version)
+    def _filter(self, kind: str, policy: Policy, subject: str, tenant: str) -> str:
+        key = (kind, subject, tenant, policy.version, self.store.registry_version())
 
         def build() -> str:
             view = SubjectView.of(policy, subject, tenant)
-            return compile_filter(view, view.satisfied_clauses(self.store.clause_registry()))
+            clauses = self.store.clause_registry()
+            if kind == "exact":
+                return compile_filter(view, view.satisfied_clauses(clauses))
+            return compile_prefilter(view, clauses, self.store.label_registry())
 
         return self.filters.get(key, build)
 
+    def compiled_filter(self, policy: Policy, subject: str, tenant: str) -> str:
+        """The exact filter (every term evaluated on every row): for counts and the fallback."""
+        return self._filter("exact", policy, subject, tenant)
+
+    def prefilter(self, policy: Policy, subject: str, tenant: str) -> str:
+        """The index-served filter searches run under (see ``compile_prefilter``)."""
+        return self._filter("indexed", policy, subject, tenant)
+
     def search(
-        self, query: str, *, policy: Policy | None, subject: str, tenant: str, k: int = 10, mode: str = "vector"
+        self,
+        query: str,
+        *,
+        policy: Policy | None,
+        subject: str,
+        tenant: str,
+        k: int = 10,
+        mode: str = "vector",
+        vector: Sequence[float] | np.ndarray | None = None,
     ) -> tuple[list[Hit], int]:
-        """The hits, and how many rows the post-check withheld (for the audit, never the caller)."""
+        """The hits, and how many rows the post-check withheld (for the audit, never the caller).
+
+        ``vector``: the query's embedding when the caller has it already (it must be the model's
+        dimension and finite); ``query`` is still what the audit records.
+        """
         validate_request(query, subject, tenant, k, mode)
+        query_vector = self.query_vector(query, vector) if mode != "fts" else None
         if policy is None:
             return [], 0  # no policy at all: nothing is visible
-        where = self.compiled_filter(policy, subject, tenant)
-        for _ in range(3):  # the version read before and after must agree, so hits can name it
-            version = self.store.chunks.version
-            ranked = self._ranked(query, where, k, mode)
-            if self.store.chunks.version == version:
-                break
-        return self._post_check(ranked, policy, subject, tenant, version)
+        where = self.prefilter(policy, subject, tenant)
+        ranked, version = self.rank(query, query_vector, where, k, mode)
+        hits, withheld = self.post_check(ranked, policy, subject, tenant, version)
+        if withheld:  # a row the registries did not know passed the indexed filter: ask again, exactly
+            ranked, version = self.rank(query, query_vector, self.compiled_filter(policy, subject, tenant), k, mode)
+            hits, _ = self.post_check(ranked, policy, subject, tenant, version)
+        return hits, withheld
+
+    def query_vector(self, query: str, vector: Sequence[float] | np.ndarray | None) -> np.ndarray:
+        """The given vector, checked, or the query's embedding."""
+        if vector is None:
+            return self.embedder.encode([query])[0]
+        array = np.asarray(vector, dtype=np.float32)
+        dimension = self.store.dimension
+        if array.shape != (dimension,):
+            raise InvalidRequestError(f"vector has shape {array.shape}; the model's vectors have {dimension} numbers")
+        if not np.isfinite(array).all():
+            raise InvalidRequestError("vector holds NaN or infinity; pass finite numbers")
+        return array
 
     def get(self, chunk_id: str, *, policy: Policy | None, subject: str, tenant: str) -> Hit | None:
         """The row ``chunk_id`` if ``subject`` may read it in ``tenant``; None whether missing or forbidden."""
@@ -119,23 +170,49 @@ class Searcher:
         decision = check_row(policy, subject, tenant, row, self.store.clause_registry())
         return _hit(row, 1.0, decision.reason, version, policy) if decision.allowed else None
 
-    def _ranked(self, query: str, where: str, k: int, mode: str) -> list[tuple[dict[str, Any], float]]:
-        if mode == "vector":
-            return [(row, 1.0 - float(row["_distance"])) for row in self._vector(query, where, k)]
-        if mode == "fts":
-            return [(row, float(row["_score"])) for row in self._fts(query, where, k)]
-        return self._hybrid(query, where, k)
+    def rank(
+        self, query: str, vector: np.ndarray | None, where: str, k: int, mode: str
+    ) -> tuple[list[tuple[dict[str, Any], float]], int]:
+        """Candidates under ``where``, best first, and the table version they were read at (the
+        version read before and after must agree, so hits can name it)."""
+        for _ in range(3):
+            version = self.store.chunks.version
+            if mode == "vector":
+                ranked = [(row, 1.0 - float(row["_distance"])) for row in self._vector(vector, where, k, version)]
+            elif mode == "fts":
+                ranked = [(row, float(row["_score"])) for row in self._fts(query, where, k)]
+            else:
+                ranked = self._hybrid(query, vector, where, k, version)
+            if self.store.chunks.version == version:
+                break
+        return ranked, version
 
-    def _vector(self, query: str, where: str, limit: int) -> list[dict[str, Any]]:
-        vector = self.embedder.encode([query])[0]
-        return (
+    def plan(self, where: str, version: int) -> str:
+        """"flat" (exact scan of the rows ``where`` admits) or "index" (prefiltered vector index)."""
+        if self._indexed[0] != version:
+            self._indexed = (version, has_vector_index(self.store.chunks))
+        if not self._indexed[1]:
+            return "flat"
+        key = (where, version)
+        if key not in self._counts:
+            self._counts[key] = self.store.chunks.count_rows(where)
+            while len(self._counts) > 4096:
+                self._counts.popitem(last=False)
+        return "flat" if self._counts[key] <= self.flat_max_rows else "index"
+
+    def _vector(self, vector: np.ndarray | None, where: str, limit: int, version: int) -> list[dict[str, Any]]:
+        builder = (
             self.store.chunks.search(vector, vector_column_name="vector")
             .distance_type("cosine")
             .where(where, prefilter=True)
             .select([*_COLUMNS, "_distance"])
             .limit(limit)
-            .to_list()
         )
+        if self.plan(where, version) == "flat":
+            builder = builder.bypass_vector_index()
+        else:
+            builder = builder.nprobes(INDEX_NPROBES).refine_factor(INDEX_REFINE_FACTOR)
+        return builder.to_list()
 
     def _fts(self, query: str, where: str, limit: int) -> list[dict[str, Any]]:
         if not any(index.index_type == "FTS" for index in self.store.chunks.list_indices()):
@@ -148,17 +225,20 @@ class Searcher:
             .to_list()
         )
 
-    def _hybrid(self, query: str, where: str, k: int) -> list[tuple[dict[str, Any], float]]:
+    def _hybrid(
+        self, query: str, vector: np.ndarray | None, where: str, k: int, version: int
+    ) -> list[tuple[dict[str, Any], float]]:
         depth = max(k, HYBRID_CANDIDATES)
-        vector_rows = self._vector(query, where, depth)
+        vector_rows = self._vector(vector, where, depth, version)
         text_rows = self._fts(query, where, depth)
         rows = {row["chunk_id"]: row for row in [*text_rows, *vector_rows]}
         fused = reciprocal_rank_fusion([[r["chunk_id"] for r in vector_rows], [r["chunk_id"] for r in text_rows]])
         return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]
 
-    def _post_check(
+    def post_check(
         self, ranked: list[tuple[dict[str, Any], float]], policy: Policy, subject: str, tenant: str, version: int
     ) -> tuple[list[Hit], int]:
+        """Every candidate re-checked by the enforcer: the hits, and how many it withheld."""
         registry = self.store.clause_registry()
         hits: list[Hit] = []
         withheld = 0

@@ -148,3 +148,23 @@ def test_duplicate_ids_in_one_run_are_rejected_after_the_first(fresh_warehouse, 
     assert report.documents == 1
     assert "already appeared in this run at record 1" in report.rejected[0].reason
     assert chunk_rows(fresh_warehouse, "doc-1")[0]["text"] == make_record()["text"]
+
+
+def test_a_window_of_batches_is_embedded_in_one_call_and_committed_batch_by_batch(tmp_path, make_record, monkeypatch):
+    embedder = CountingEmbedder()
+    calls: list[int] = []
+    original = Embedder.encode
+    monkeypatch.setattr(
+        CountingEmbedder, "encode", lambda self, texts: calls.append(len(texts)) or original(self, texts)
+    )
+    warehouse = Warehouse(Settings(warehouse=str(tmp_path / "wh"), write_batch_docs=2), embedder=embedder)
+    commits: list[list[str]] = []
+    replace = warehouse.store.replace_documents
+    monkeypatch.setattr(
+        warehouse.store,
+        "replace_documents",
+        lambda doc_ids, *a, **k: commits.append(doc_ids) or replace(doc_ids, *a, **k),
+    )
+    report = warehouse.ingest_records([make_record(id=f"d{i}", text=f"Document number {i}.") for i in range(5)])
+    assert report.documents == 5 and calls == [5]
+    assert commits == [["d0", "d1"], ["d2", "d3"], ["d4"]]

@@ -107,7 +107,7 @@ def test_post_check_withholds_a_row_the_policy_denies_and_records_it(demo_wareho
     searcher = demo_warehouse._searcher
     secret = next(r for r in demo_rows if r["classification"] == 3)
     with caplog.at_level(logging.ERROR):
-        hits, withheld = searcher._post_check([(secret, 1.0)], demo_warehouse.policy, "user:dave", "acme", 0)
+        hits, withheld = searcher.post_check([(secret, 1.0)], demo_warehouse.policy, "user:dave", "acme", 0)
     assert (hits, withheld) == ([], 1)
     assert secret["chunk_id"] in caplog.text
 

@@ -1,0 +1,321 @@
+"""Adapters for the vector stores a user would pick instead of ragwarden, for the governed-retrieval benchmark.
+
+Each adapter is given the same `BenchRows` and asked the same question as ragwarden: the top k rows by cosine
+similarity among those the caller may see, with the visibility rule expressed in the engine's own filter language
+(or, for FAISS, which has no metadata store, as an id selector computed from the metadata at query time).
+Peer packages are imported lazily so the benchmark can skip a missing one and say why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from .peer_data import BenchRows, Caller, RowIndex, visible_mask
+
+# Chroma rejects empty list metadata, so an empty ACL/label list is stored as this one value no principal has.
+_NONE = "\x00none"
+
+
+class Peer(Protocol):
+    """What the benchmark drives: build once (timed as index build), then search with a caller's filter."""
+
+    name: str
+    max_rows: int | None
+
+    def build(self, rows: BenchRows, workdir: Path) -> None: ...
+
+    def search(self, vector: np.ndarray, k: int, caller: Caller) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+class ChromaPeer:
+    """Chroma's embedded PersistentClient with an HNSW cosine index; the where clause is applied as a prefilter.
+
+    Chroma 1.5.9 stores and filters list metadata natively (`$contains` / `$not_contains` on an array field), so
+    the ACL and label lists are kept as lists rather than exploded into one boolean key per principal.
+    """
+
+    name = "chroma"
+    max_rows: int | None = None
+
+    def __init__(self, *, ef_search: int = 128) -> None:
+        self.ef_search = ef_search
+        self._client: Any = None
+        self._collection: Any = None
+        self._labels: frozenset[str] = frozenset()
+
+    def build(self, rows: BenchRows, workdir: Path) -> None:
+        import chromadb
+        from chromadb.config import Settings
+
+        self._labels = frozenset(label for row in rows.labels for label in row)
+        self._client = chromadb.PersistentClient(path=str(workdir / "chroma"),
+                                                 settings=Settings(anonymized_telemetry=False))
+        self._collection = self._client.create_collection(
+            "rows", configuration={"hnsw": {"space": "cosine", "ef_search": self.ef_search}})
+        batch = self._client.get_max_batch_size()
+        for start in range(0, len(rows.ids), batch):
+            stop = min(start + batch, len(rows.ids))
+            metadatas: list[Any] = [
+                {
+                    "tenant": rows.tenant[i],
+                    "classification": int(rows.classification[i]),
+                    "acl_allow": list(rows.acl_allow[i]) or [_NONE],
+                    "acl_deny": list(rows.acl_deny[i]) or [_NONE],
+                    "labels": list(rows.labels[i]) or [_NONE],
+                }
+                for i in range(start, stop)
+            ]
+            self._collection.add(ids=rows.ids[start:stop], embeddings=rows.vectors[start:stop], metadatas=metadatas)
+
+    def where(self, caller: Caller) -> dict[str, Any]:
+        """tenant eq AND class <= clearance AND (allow contains any principal) AND deny/labels contain none."""
+        principals = sorted(caller.principals)
+        allow: list[dict[str, Any]] = [{"acl_allow": {"$contains": p}} for p in principals] or [
+            {"acl_allow": {"$contains": _NONE + "never"}}]
+        clauses: list[dict[str, Any]] = [
+            {"tenant": {"$eq": caller.tenant}},
+            {"classification": {"$lte": caller.clearance}},
+            allow[0] if len(allow) == 1 else {"$or": allow},
+            *({"acl_deny": {"$not_contains": p}} for p in principals),
+            *({"labels": {"$not_contains": label}} for label in sorted(self._labels - caller.cleared_labels)),
+        ]
+        return {"$and": clauses}
+
+    def search(self, vector: np.ndarray, k: int, caller: Caller) -> list[str]:
+        result = self._collection.query(query_embeddings=[vector], n_results=k, where=self.where(caller),
+                                        include=["distances"])
+        return list(result["ids"][0])
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = self._collection = None
+
+
+class QdrantLocalPeer:
+    """qdrant-client's local mode (pure Python, exact search): the filter qdrant users write, without a server.
+
+    Local mode warns above 20,000 points that a server is recommended; that is the point of measuring it, so the
+    warning is silenced during the build and the adapter is capped at 100,000 rows. It runs in memory by default:
+    `path=` mode pickles every point into SQLite, which only adds build time (minutes at 100k) to the same search.
+    """
+
+    name = "qdrant-local"
+    max_rows: int | None = 100_000
+
+    def __init__(self, *, in_memory: bool = True, batch: int = 2_000) -> None:
+        self.in_memory = in_memory
+        self.batch = batch
+        self._client: Any = None
+        self._ids: list[str] = []
+        self._labels: frozenset[str] = frozenset()
+
+    def build(self, rows: BenchRows, workdir: Path) -> None:
+        from qdrant_client import QdrantClient, models
+
+        self._ids = list(rows.ids)
+        self._labels = frozenset(label for row in rows.labels for label in row)
+        self._client = QdrantClient(location=":memory:") if self.in_memory else QdrantClient(path=str(workdir / "qdrant"))
+        self._client.create_collection(
+            "rows", vectors_config=models.VectorParams(size=rows.vectors.shape[1], distance=models.Distance.COSINE))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Local mode is not recommended", category=UserWarning)
+            for start in range(0, len(rows.ids), self.batch):
+                stop = min(start + self.batch, len(rows.ids))
+                points = [
+                    models.PointStruct(id=i, vector=rows.vectors[i].tolist(), payload={
+                        "tenant": rows.tenant[i],
+                        "classification": int(rows.classification[i]),
+                        "acl_allow": list(rows.acl_allow[i]),
+                        "acl_deny": list(rows.acl_deny[i]),
+                        "labels": list(rows.labels[i]),
+                    })
+                    for i in range(start, stop)
+                ]
+                self._client.upsert("rows", points=points, wait=True)
+
+    def filter(self, caller: Caller) -> Any:
+        """must: tenant, allow MatchAny(principals), class <= clearance; must_not: deny any principal, uncleared label."""
+        from qdrant_client import models
+
+        principals = sorted(caller.principals)
+        must_not = [models.FieldCondition(key="acl_deny", match=models.MatchAny(any=principals))]
+        uncleared = sorted(self._labels - caller.cleared_labels)
+        if uncleared:
+            must_not.append(models.FieldCondition(key="labels", match=models.MatchAny(any=uncleared)))
+        return models.Filter(
+            must=[
+                models.FieldCondition(key="tenant", match=models.MatchValue(value=caller.tenant)),
+                models.FieldCondition(key="acl_allow", match=models.MatchAny(any=principals)),
+                models.FieldCondition(key="classification", range=models.Range(lte=caller.clearance)),
+            ],
+            must_not=list(must_not),
+        )
+
+    def search(self, vector: np.ndarray, k: int, caller: Caller) -> list[str]:
+        response = self._client.query_points("rows", query=vector.tolist(), query_filter=self.filter(caller),
+                                             limit=k, with_payload=False)
+        return [self._ids[int(point.id)] for point in response.points]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class _FaissPeer:
+    """FAISS has no metadata store: the permitted ids are computed from the metadata per query (inside the timed
+    search) and handed to the index as an `IDSelectorBitmap` prefilter.
+
+    When few rows are visible a graph/IVF walk finds too few of them, so below `exact_below` (a fraction of the rows)
+    the adapter does what a careful FAISS user does: an exhaustive scan that skips unpermitted rows.
+    """
+
+    name = "faiss"
+    max_rows: int | None = None
+
+    def __init__(self, *, exact_below: float = 0.02, threads: int | None = None) -> None:
+        self.exact_below = exact_below
+        self.threads = threads
+        self._index: Any = None
+        self._meta: RowIndex | None = None
+        self._ids: np.ndarray = np.empty(0, dtype=object)
+
+    def build(self, rows: BenchRows, workdir: Path) -> None:
+        import faiss
+
+        if self.threads is not None:
+            faiss.omp_set_num_threads(self.threads)
+        self._ids = np.asarray(rows.ids, dtype=object)
+        self._meta = RowIndex.build(rows)
+        self._index = self._make_index(np.ascontiguousarray(rows.vectors, dtype=np.float32))
+
+    def _make_index(self, vectors: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def _params(self, selector: Any, selectivity: float, k: int) -> Any:
+        raise NotImplementedError
+
+    def _exact(self, query: np.ndarray, k: int, selector: Any) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def search(self, vector: np.ndarray, k: int, caller: Caller) -> list[str]:
+        import faiss
+
+        assert self._meta is not None, "build() first"
+        mask = visible_mask(self._meta, caller)
+        visible = int(mask.sum())
+        if visible == 0:
+            return []
+        bits = np.packbits(mask, bitorder="little")  # must outlive the search: the selector only points at it
+        selector = faiss.IDSelectorBitmap(mask.size, faiss.swig_ptr(bits))
+        query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1)
+        selectivity = visible / mask.size
+        if selectivity < self.exact_below:
+            _, labels = self._exact(query, k, selector)
+        else:
+            _, labels = self._index.search(query, k, params=self._params(selector, selectivity, k))
+        found = labels[0][labels[0] >= 0]
+        return [str(self._ids[i]) for i in found]
+
+    def close(self) -> None:
+        self._index = None
+        self._meta = None
+
+
+class FaissHnswPeer(_FaissPeer):
+    """IndexHNSWFlat (inner product, M=32); efSearch grows as the filter gets more selective so k hits survive it."""
+
+    name = "faiss-hnsw"
+
+    def __init__(self, *, m: int = 32, ef_construction: int = 64, ef_search: int = 128, ef_max: int = 1024,
+                 exact_below: float = 0.02, threads: int | None = None) -> None:
+        super().__init__(exact_below=exact_below, threads=threads)
+        self.m, self.ef_construction, self.ef_search, self.ef_max = m, ef_construction, ef_search, ef_max
+
+    def _make_index(self, vectors: np.ndarray) -> Any:
+        import faiss
+
+        index = faiss.IndexHNSWFlat(vectors.shape[1], self.m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = self.ef_construction
+        index.add(vectors)
+        return index
+
+    def _params(self, selector: Any, selectivity: float, k: int) -> Any:
+        import faiss
+
+        ef = min(self.ef_max, max(self.ef_search, math.ceil(2 * k / selectivity)))
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
+
+    def _exact(self, query: np.ndarray, k: int, selector: Any) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        # the HNSW's own flat storage, scanned exhaustively; unpermitted rows are skipped, not scored
+        return self._index.storage.search(query, k, params=faiss.SearchParameters(sel=selector))
+
+
+class FaissIvfPeer(_FaissPeer):
+    """IndexIVFFlat (inner product, nlist ~ 4*sqrt(N)); nprobe grows with selectivity, and the exact path probes all."""
+
+    name = "faiss-ivf"
+
+    def __init__(self, *, nprobe: int = 32, train_size: int = 50_000, exact_below: float = 0.02,
+                 threads: int | None = None, seed: int = 0) -> None:
+        super().__init__(exact_below=exact_below, threads=threads)
+        self.nprobe, self.train_size, self.seed = nprobe, train_size, seed
+
+    def _make_index(self, vectors: np.ndarray) -> Any:
+        import faiss
+
+        n, d = vectors.shape
+        nlist = max(1, min(int(4 * math.sqrt(n)), n // 39))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+        sample = np.random.default_rng(self.seed).choice(n, size=min(n, self.train_size), replace=False)
+        index.train(vectors[np.sort(sample)])
+        index.add(vectors)
+        return index
+
+    def _params(self, selector: Any, selectivity: float, k: int) -> Any:
+        import faiss
+
+        nlist = self._index.nlist
+        nprobe = min(nlist, max(self.nprobe, math.ceil(self.nprobe * 0.1 / selectivity)))
+        return faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
+
+    def _exact(self, query: np.ndarray, k: int, selector: Any) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        return self._index.search(query, k, params=faiss.SearchParametersIVF(sel=selector, nprobe=self._index.nlist))
+
+
+PeerFactory = Callable[[], Peer]
+
+_PEERS: tuple[tuple[str, str, PeerFactory], ...] = (
+    ("chroma", "chromadb", ChromaPeer),
+    ("qdrant-local", "qdrant_client", QdrantLocalPeer),
+    ("faiss-hnsw", "faiss", FaissHnswPeer),
+    ("faiss-ivf", "faiss", FaissIvfPeer),
+)
+
+
+def available_peers() -> list[tuple[str, PeerFactory | None, str]]:
+    """(name, factory or None, reason) per peer: a peer whose package is not installed gets None and says which."""
+    found: list[tuple[str, PeerFactory | None, str]] = []
+    for name, module, factory in _PEERS:
+        if importlib.util.find_spec(module) is None:
+            found.append((name, None, f"{module} is not installed"))
+        else:
+            found.append((name, factory, ""))
+    return found
+
+
+__all__ = ["ChromaPeer", "FaissHnswPeer", "FaissIvfPeer", "Peer", "QdrantLocalPeer", "available_peers"]

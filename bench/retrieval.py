@@ -1,0 +1,342 @@
+"""Governed retrieval side by side with its peers, on one synthetic world and one set of queries.
+
+Systems: ragwarden governed search (indexed prefilter, planner, post-check, receipt); the same
+table with no filter (the speed reference); "k then drop" (unfiltered top-k' then a Casbin check
+per row, k' = k and 10k); exact numpy search over the permitted rows (ground truth and the
+memory-bandwidth floor); and the peers of ``peers.py`` that are installed.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragwarden.config import Settings
+from ragwarden.governance.policy import Policy
+from ragwarden.governance.visibility import check_row
+from ragwarden.indexing import has_vector_index
+from ragwarden.retrieval.search import Searcher
+from ragwarden.warehouse import Warehouse
+
+from .peer_data import Caller, RowIndex, row_index
+from .peers import available_peers
+from .world import CORRELATIONS, TENANT, World, append_rows, caller_of, generate, queries, write_warehouse
+
+K = 10
+
+
+@dataclass(kw_only=True)
+class Cell:
+    """One system at one (N, selectivity, correlation): its figures."""
+
+    system: str
+    n: int
+    selectivity: float
+    visible_share: float
+    correlation: str
+    p50_ms: float
+    p95_ms: float
+    qps: float
+    recall: float
+    k_fill: float
+    leaks: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def exact_top(vectors: np.ndarray, mask: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
+    """Row numbers of the exact top-k among rows where ``mask`` holds (ground truth)."""
+    permitted = np.flatnonzero(mask)
+    if len(permitted) == 0:
+        return permitted
+    scores = vectors[permitted] @ query
+    take = min(k, len(permitted))
+    best = np.argpartition(-scores, take - 1)[:take]
+    return permitted[best[np.argsort(-scores[best])]]
+
+
+def _measure(search: Callable[[np.ndarray], list[str]], qs: np.ndarray) -> tuple[list[list[str]], list[float]]:
+    search(qs[0])  # warm: caches, page cache, lazily loaded indexes
+    answers, latencies = [], []
+    for q in qs:
+        started = time.perf_counter()
+        answers.append(search(q))
+        latencies.append(time.perf_counter() - started)
+    return answers, latencies
+
+
+def _score(
+    system: str, world: World, mask: np.ndarray, index_of: dict[str, int], truth: list[np.ndarray],
+    answers: list[list[str]], latencies: list[float], selectivity: float, correlation: str,
+) -> Cell:  # fmt: skip
+    recalls, fills, leaks = [], [], 0
+    for answer, expected in zip(answers, truth, strict=True):
+        rows = [index_of[i] for i in answer]
+        leaks += sum(1 for r in rows if not mask[r])
+        if len(expected):
+            recalls.append(len(set(rows[:K]) & set(expected.tolist())) / len(expected))
+        if len(expected) >= K:
+            fills.append(len(answer) >= K)
+    latency = np.array(latencies) * 1000
+    return Cell(
+        system=system,
+        n=len(world.rows.ids),
+        selectivity=selectivity,
+        visible_share=float(mask.mean()),
+        correlation=correlation,
+        p50_ms=float(np.percentile(latency, 50)),
+        p95_ms=float(np.percentile(latency, 95)),
+        qps=float(1000 / latency.mean()),
+        recall=float(np.mean(recalls)) if recalls else 1.0,
+        k_fill=float(np.mean(fills)) if fills else 1.0,
+        leaks=leaks,
+    )
+
+
+class RagwardenSystems:
+    """ragwarden's own systems over one warehouse: governed, unfiltered, k-then-drop."""
+
+    def __init__(self, world: World, folder: Path) -> None:
+        started = time.perf_counter()
+        store = write_warehouse(world, folder)
+        self.write_seconds = time.perf_counter() - started
+        self.index_report = store.optimize()
+        self.warehouse = Warehouse(Settings(warehouse=str(folder)), embedder=None)  # type: ignore[arg-type]
+        self.store = self.warehouse.store
+        self.policy = self.warehouse.policy
+        self.searcher = self.warehouse._searcher
+
+    def governed(self, subject: str, searcher: Searcher | None = None) -> Callable[[np.ndarray], list[str]]:
+        """Compiled prefilter, planned search, post-check: the search of ``Warehouse.search``
+        without its audit receipt, whose cost the stage breakdown reports on its own."""
+        searcher = searcher or self.searcher
+
+        def search(q: np.ndarray) -> list[str]:
+            hits, _ = searcher.search("benchmark query", policy=self.policy, subject=subject, tenant=TENANT, k=K, vector=q)
+            return [h.chunk_id for h in hits]
+
+        return search
+
+    def forced(self, plan: str) -> Searcher:
+        """A searcher that always takes one plan ("flat" or "index"), to measure the crossover."""
+        return Searcher(self.store, None, flat_max_rows=10**12 if plan == "flat" else -1)  # type: ignore[arg-type]
+
+    def _unfiltered(self, q: np.ndarray, limit: int, columns: list[str]) -> list[dict[str, Any]]:
+        builder = self.store.chunks.search(q, vector_column_name="vector").distance_type("cosine")
+        builder = builder.select([*columns, "_distance"]).limit(limit)
+        if has_vector_index(self.store.chunks):
+            from ragwarden.retrieval.search import INDEX_NPROBES, INDEX_REFINE_FACTOR
+
+            builder = builder.nprobes(INDEX_NPROBES).refine_factor(INDEX_REFINE_FACTOR)
+        return builder.to_list()
+
+    def unfiltered(self) -> Callable[[np.ndarray], list[str]]:
+        return lambda q: [row["chunk_id"] for row in self._unfiltered(q, K, ["chunk_id"])]
+
+    def k_then_drop(self, subject: str, factor: int) -> Callable[[np.ndarray], list[str]]:
+        columns = ["chunk_id", "tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification"]
+
+        def search(q: np.ndarray) -> list[str]:
+            registry = self.store.clause_registry()
+            rows = self._unfiltered(q, K * factor, columns)
+            kept = [r["chunk_id"] for r in rows if check_row(self.policy, subject, TENANT, r, registry).allowed]
+            return kept[:K]
+
+        return search
+
+    def stages(self, subject: str, qs: np.ndarray) -> dict[str, float]:
+        """Median milliseconds of each stage of a governed search: compile (cached), plan and
+        search, post-check, receipt."""
+        timings: dict[str, list[float]] = {"compile": [], "search": [], "check": [], "receipt": []}
+        from ragwarden.governance.audit import Receipt
+
+        for q in qs:
+            t0 = time.perf_counter()
+            where = self.searcher.prefilter(self.policy, subject, TENANT)
+            t1 = time.perf_counter()
+            ranked, version = self.searcher.rank("q", q, where, K, "vector")
+            t2 = time.perf_counter()
+            hits, _ = self.searcher.post_check(ranked, self.policy, subject, TENANT, version)
+            t3 = time.perf_counter()
+            self.warehouse.audit.append(
+                Receipt(kind="retrieval", operation="search", subject=subject, tenant=TENANT, allowed=True,
+                        reason="stage timing", chunk_ids=tuple(h.chunk_id for h in hits))
+            )  # fmt: skip
+            t4 = time.perf_counter()
+            for name, seconds in zip(timings, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                seconds_ms = seconds * 1000
+                timings[name].append(seconds_ms)
+        return {name: float(np.median(values)) for name, values in timings.items()}
+
+
+def _numpy(world: World, mask: np.ndarray) -> Callable[[np.ndarray], list[str]]:
+    permitted = np.flatnonzero(mask)
+    subset = np.ascontiguousarray(world.rows.vectors[permitted])
+    ids = world.rows.ids
+
+    def search(q: np.ndarray) -> list[str]:
+        if len(permitted) == 0:
+            return []
+        scores = subset @ q
+        take = min(K, len(permitted))
+        best = np.argpartition(-scores, take - 1)[:take]
+        return [ids[permitted[i]] for i in best[np.argsort(-scores[best])]]
+
+    return search
+
+
+def run_world(
+    n: int, *, queries_per_cell: int, workdir: Path, peers: bool = True, log: Callable[[str], None] = print,
+) -> dict[str, Any]:  # fmt: skip
+    """Every system at every selectivity and correlation on one world of ``n`` rows."""
+    world = generate(n)
+    index: RowIndex = row_index(world.rows)
+    index_of = {chunk_id: i for i, chunk_id in enumerate(world.rows.ids)}
+    folder = workdir / f"ragwarden-{n}"
+    shutil.rmtree(folder, ignore_errors=True)
+    rw = RagwardenSystems(world, folder)
+    policy = rw.policy
+    assert policy is not None
+    log(f"N={n}: written in {rw.write_seconds:.1f} s; indexes {rw.index_report.seconds}")
+    builds: dict[str, float] = {"ragwarden": sum(rw.index_report.seconds.values())}
+    memory: dict[str, float] = {"ragwarden": _peak_rss_mb()}
+    cells: list[Cell] = []
+    stages: dict[str, dict[str, float]] = {}
+    callers: dict[float, tuple[str, Caller, np.ndarray]] = {}
+    for target, subject in world.subjects.items():
+        caller = caller_of(world, subject, policy)
+        callers[target] = (subject, caller, index.visible(caller))
+
+    def run_system(name: str, make: Callable[[str, Caller, np.ndarray], Callable[[np.ndarray], list[str]]]) -> None:
+        for target, (subject, caller, mask) in callers.items():
+            search = make(subject, caller, mask)
+            for correlation in CORRELATIONS:
+                qs = queries(world, subject, policy, correlation, queries_per_cell, seed=int(target * 1e4) + 1)
+                truth = [exact_top(world.rows.vectors, mask, q, K) for q in qs]
+                answers, latencies = _measure(search, qs)
+                cells.append(_score(name, world, mask, index_of, truth, answers, latencies, target, correlation))
+        gc.collect()
+
+    run_system("ragwarden", lambda s, c, m: rw.governed(s))
+    if has_vector_index(rw.store.chunks):
+        for plan in ("flat", "index"):
+            searcher = rw.forced(plan)
+            run_system(f"ragwarden {plan} only", lambda s, c, m, searcher=searcher: rw.governed(s, searcher))
+    run_system("unfiltered", lambda s, c, m: rw.unfiltered())
+    run_system("k-then-drop k'=k", lambda s, c, m: rw.k_then_drop(s, 1))
+    run_system("k-then-drop k'=10k", lambda s, c, m: rw.k_then_drop(s, 10))
+    run_system("k-then-drop k'=2k/s", lambda s, c, m: rw.k_then_drop(s, max(10, round(2 / max(m.mean(), 1e-6)))))
+    run_system("numpy exact", lambda s, c, m: _numpy(world, m))
+    for target, (subject, _, _) in callers.items():
+        qs = queries(world, subject, policy, "none", queries_per_cell, seed=99)
+        stages[str(target)] = rw.stages(subject, qs)
+    skipped: dict[str, str] = {}
+    if peers:
+        for name, factory, reason in available_peers():
+            if factory is None:
+                skipped[name] = reason
+                continue
+            peer = factory()
+            if peer.max_rows is not None and n > peer.max_rows:
+                skipped[name] = f"runs up to {peer.max_rows:,} rows"
+                continue
+            peer_dir = Path(tempfile.mkdtemp(dir=workdir))
+            started = time.perf_counter()
+            peer.build(world.rows, peer_dir)
+            builds[name] = time.perf_counter() - started
+            log(f"N={n}: {name} built in {builds[name]:.1f} s")
+            run_system(name, lambda s, c, m, peer=peer: (lambda q: peer.search(q, K, c)))
+            memory[name] = _peak_rss_mb()
+            peer.close()
+            shutil.rmtree(peer_dir, ignore_errors=True)
+    appended = appended_rows_found(rw, world)
+    return {
+        "n": n,
+        "visible_share": {str(t): float(m.mean()) for t, (_, _, m) in callers.items()},
+        "cells": [cell.__dict__ for cell in cells],
+        "build_seconds": builds,
+        "index_report": rw.index_report.seconds,
+        "peak_rss_mb_after": memory,
+        "stages_ms": stages,
+        "appended_rows": appended,
+        "skipped": skipped,
+    }
+
+
+def appended_rows_found(rw: RagwardenSystems, world: World) -> dict[str, Any]:
+    """Rows appended after the indexes were built (not optimized in) are filtered and found like
+    indexed ones: each new row's own vector, searched by a subject who may read it, returns it
+    first; searched by one who may not, never."""
+    count = min(200, max(20, len(world.rows.ids) // 1000))
+    rng = np.random.default_rng(11)
+    picks = rng.choice(len(world.rows.ids), count, replace=False)
+    vectors = world.rows.vectors[picks] + rng.standard_normal((count, world.rows.vectors.shape[1])) * 0.01
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    reader, outsider = world.subjects[0.5], world.subjects[0.001]
+    allow = "group:" + next(p.split(":", 1)[1] for p in sorted(rw.policy.principals(reader, TENANT)) if p.startswith("group:"))
+    from .peer_data import BenchRows
+
+    new = BenchRows(
+        ids=[f"appended-{i}" for i in range(count)], vectors=vectors, tenant=[TENANT] * count,
+        acl_allow=[[allow]] * count, acl_deny=[[] for _ in range(count)], labels=[[] for _ in range(count)],
+        classification=np.zeros(count, dtype=np.int8),
+    )  # fmt: skip
+    append_rows(rw.store, new)
+    found = leaked = 0
+    for chunk_id, vector in zip(new.ids, vectors, strict=True):
+        hits = rw.warehouse.search("appended", subject=reader, tenant=TENANT, k=K, vector=vector)
+        found += bool(hits) and hits[0].chunk_id == chunk_id
+        leaked += any(h.chunk_id.startswith("appended-") for h in
+                      rw.warehouse.search("appended", subject=outsider, tenant=TENANT, k=K, vector=vector))  # fmt: skip
+    return {"appended": count, "found_first": found, "leaked": leaked, "indexed": has_vector_index(rw.store.chunks)}
+
+
+def compile_times(lines_list: tuple[int, ...] = (1_000, 10_000, 100_000)) -> dict[str, dict[str, float]]:
+    """Policy compile time, cold (a new policy version: role expansion and filter text) and cached,
+    at policies of 1k, 10k and 100k lines (users in nested groups, label grants)."""
+    from ragwarden.governance.compiler import SubjectView, compile_prefilter
+    from ragwarden.retrieval.search import FilterCache
+
+    results: dict[str, dict[str, float]] = {}
+    rng = np.random.default_rng(5)
+    for lines in lines_list:
+        groups = max(10, lines // 100)
+        text = [f"g, group:g{g}, group:g{g // 4}, {TENANT}" for g in range(4, groups)]
+        text += [f"p, group:g{g}, {TENANT}, label:l{g % 50}, read, allow" for g in range(groups)]
+        users = lines - len(text)
+        text += [f"g, user:u{u}, group:g{int(rng.integers(0, groups))}, {TENANT}" for u in range(users)]
+        clauses = {f"c{g}": (f"group:g{g}",) for g in range(groups)}
+        labels = [f"l{i}" for i in range(50)]
+        started = time.perf_counter()
+        policy = Policy.from_text("\n".join(text) + "\n", source=f"{lines} lines")
+        load = time.perf_counter() - started
+        cache = FilterCache()
+        cold, cached = [], []
+        for u in range(0, users, max(1, users // 20)):
+            subject = f"user:u{u}"
+            key = (subject, TENANT, policy.version)
+            started = time.perf_counter()
+            cache.get(key, lambda s=subject, p=policy, c=clauses, ls=labels: compile_prefilter(SubjectView.of(p, s, TENANT), c, ls))
+            cold.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            for _ in range(100):
+                cache.get(key, lambda: "")
+            cached.append((time.perf_counter() - started) / 100)
+        results[str(lines)] = {
+            "policy_load_ms": load * 1000,
+            "cold_ms": float(np.median(cold) * 1000),
+            "cached_ms": float(np.median(cached) * 1000),
+        }
+    return results

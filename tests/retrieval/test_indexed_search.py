@@ -1,0 +1,93 @@
+"""Search over a table with a vector index and scalar indexes: the planned, index-served path.
+
+A past LanceDB bug class lost or mis-filtered rows appended after an index was built; the
+index-served prefilter is exact only for registered labels, so the post-check and the exact
+fallback must catch a row that slipped past it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragwarden.bench.peer_data import BenchRows
+from ragwarden.bench.world import TENANT, World, append_rows, generate, write_warehouse
+from ragwarden.config import Settings
+from ragwarden.indexing import has_vector_index
+from ragwarden.retrieval.search import Searcher
+from ragwarden.warehouse import Warehouse
+
+K = 10
+
+
+@pytest.fixture(scope="module")
+def small_world() -> World:
+    return generate(3_000, seed=4)
+
+
+@pytest.fixture
+def indexed_warehouse(small_world: World, tmp_path: Path) -> Warehouse:
+    """The world written, scalar and vector indexes built (the row floor lowered to fit a test)."""
+    store = write_warehouse(small_world, tmp_path / "wh")
+    report = store.optimize(vector_index_min_rows=1_000)
+    assert report.vector_index is not None and has_vector_index(store.chunks)
+    return Warehouse(Settings(warehouse=str(tmp_path / "wh")), embedder=None)  # type: ignore[arg-type]
+
+
+def _new_rows(world: World, count: int, allow: str, *, labels: list[str] | None = None, seed: int = 1) -> BenchRows:
+    rng = np.random.default_rng(seed)
+    base = world.rows.vectors[rng.choice(len(world.rows.ids), count, replace=False)]
+    vectors = base + rng.standard_normal(base.shape).astype(np.float32) * 0.01
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    return BenchRows(
+        ids=[f"appended-{seed}-{i}" for i in range(count)], vectors=vectors, tenant=[TENANT] * count,
+        acl_allow=[[allow]] * count, acl_deny=[[] for _ in range(count)],
+        labels=[list(labels or []) for _ in range(count)], classification=np.zeros(count, dtype=np.int8),
+    )  # fmt: skip
+
+
+def _group_of(warehouse: Warehouse, subject: str) -> str:
+    assert warehouse.policy is not None
+    return min(p for p in warehouse.policy.principals(subject, TENANT) if p.startswith("group:"))
+
+
+@pytest.mark.parametrize("plan", ["index", "flat"])
+def test_rows_appended_after_the_index_was_built_are_found_and_filtered(
+    indexed_warehouse: Warehouse, small_world: World, plan: str
+) -> None:
+    reader, outsider = small_world.subjects[0.5], small_world.subjects[0.001]
+    new = _new_rows(small_world, 15, _group_of(indexed_warehouse, reader))
+    append_rows(indexed_warehouse.store, new)
+    searcher = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
+    policy = indexed_warehouse.policy
+    for chunk_id, vector in zip(new.ids, new.vectors, strict=True):
+        hits, _ = searcher.search("q", policy=policy, subject=reader, tenant=TENANT, k=K, vector=vector)
+        assert hits[0].chunk_id == chunk_id
+        hits, _ = searcher.search("q", policy=policy, subject=outsider, tenant=TENANT, k=K, vector=vector)
+        assert not any(h.chunk_id.startswith("appended-") for h in hits)
+
+
+def test_a_row_whose_label_slipped_past_the_registry_is_withheld_and_k_still_filled(
+    indexed_warehouse: Warehouse, small_world: World
+) -> None:
+    reader = small_world.subjects[0.5]
+    secret = _new_rows(small_world, 1, _group_of(indexed_warehouse, reader), labels=["unregistered-secret"], seed=2)
+    append_rows(indexed_warehouse.store, secret, register_labels=False)
+    assert "unregistered-secret" not in indexed_warehouse.store.label_registry()
+    hits, withheld = indexed_warehouse._searcher.search(
+        "q", policy=indexed_warehouse.policy, subject=reader, tenant=TENANT, k=K, vector=secret.vectors[0]
+    )
+    assert withheld == 1  # the indexed prefilter let it through; the post-check did not
+    assert len(hits) == K and secret.ids[0] not in {h.chunk_id for h in hits}
+
+
+def test_labels_are_registered_before_rows_carrying_them_are_written(
+    indexed_warehouse: Warehouse, small_world: World
+) -> None:
+    before = indexed_warehouse.store.registry_version()
+    reader = small_world.subjects[0.5]
+    append_rows(indexed_warehouse.store, _new_rows(small_world, 2, _group_of(indexed_warehouse, reader), labels=["fresh"]))
+    assert "fresh" in indexed_warehouse.store.label_registry()
+    assert indexed_warehouse.store.registry_version() != before  # every cached filter is recompiled

