@@ -53,9 +53,6 @@ def ensure_scalar_indexes(table: Any) -> tuple[str, ...]:
     return tuple(built)
 
 
-VECTOR_INDEX_TYPE = "IVF_HNSW_SQ"
-
-
 def vector_index_partitions(rows: int) -> int:
     """About sqrt(N) IVF partitions (1,000 of 1,000 rows at a million)."""
     return max(1, min(4096, round(math.sqrt(rows))))

@@ -24,7 +24,7 @@ from ragwarden.config import Settings
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.visibility import check_row
 from ragwarden.indexing import has_vector_index
-from ragwarden.retrieval.search import RESULT_COLUMNS, Searcher
+from ragwarden.retrieval.search import INDEX_NPROBES, INDEX_REFINE_FACTOR, RESULT_COLUMNS, Searcher
 from ragwarden.warehouse import Warehouse
 
 from .peer_data import Caller, RowIndex, row_index
@@ -137,8 +137,6 @@ class RagwardenSystems:
         builder = self.store.chunks.search(q, vector_column_name="vector").distance_type("cosine")
         builder = builder.select([*columns, "_distance"]).limit(limit)
         if has_vector_index(self.store.chunks):
-            from ragwarden.retrieval.search import INDEX_NPROBES, INDEX_REFINE_FACTOR
-
             builder = builder.nprobes(INDEX_NPROBES).refine_factor(INDEX_REFINE_FACTOR)
         return builder.to_list()
 
