@@ -38,7 +38,7 @@ test-quality: install
 	$(BIN)/pytest -m quality
 
 # The benchmark (minutes at 100k rows, about an hour at 1M on two cores): results in bench/results/.
-BENCH_ARGS ?= --sizes 100000,1000000 --queries 20
+BENCH_ARGS ?= --sizes 100000,1000000,scifact --queries 20
 bench: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench $(BENCH_ARGS)
 

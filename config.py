@@ -89,6 +89,7 @@ class Settings:
     ``auth`` is how the HTTP and MCP services verify credentials.
     ``embed_backend`` runs the embedding model in PyTorch or as an ONNX export (fp32 or int8),
     exported once into ``embed_cache_dir`` (default: see ``ragwarden.embedder.default_cache_dir``).
+    ``flat_cache_mb`` bounds the vectors exact scans keep in memory per process (0: none).
     """
 
     warehouse: str = DEFAULT_WAREHOUSE
@@ -106,13 +107,15 @@ class Settings:
     openlineage_env: Mapping[str, str] = field(default_factory=dict)
     auth: AuthSettings = field(default_factory=lambda: AuthSettings())
     max_body_bytes: int = 1024 * 1024
+    flat_cache_mb: int = 256
 
     def __post_init__(self) -> None:
         for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1, got {getattr(self, name)}")
-        if self.chunk_overlap < 0:
-            raise ConfigurationError(f"setting chunk_overlap must be at least 0, got {self.chunk_overlap}")
+        for name in ("chunk_overlap", "flat_cache_mb"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"setting {name} must be at least 0, got {getattr(self, name)}")
         check_embed_backend(self.embed_backend)
 
     @classmethod
@@ -130,13 +133,13 @@ class Settings:
             values["audit_key"] = env["RAGWARDEN_AUDIT_KEY"].encode("utf-8")
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
-        for name in ("max_file_bytes", "max_body_bytes"):
+        for name, unit in (("max_file_bytes", "bytes"), ("max_body_bytes", "bytes"), ("flat_cache_mb", "MiB")):
             key = f"RAGWARDEN_{name.upper()}"
             if env.get(key):
                 try:
                     values[name] = int(env[key])
                 except ValueError:
-                    raise ConfigurationError(f"{key} must be a whole number of bytes, got {env[key]!r}") from None
+                    raise ConfigurationError(f"{key} must be a whole number of {unit}, got {env[key]!r}") from None
         if env.get("RAGWARDEN_EMBED_BACKEND"):
             values["embed_backend"] = env["RAGWARDEN_EMBED_BACKEND"]
         if env.get("RAGWARDEN_EMBED_CACHE"):

@@ -57,7 +57,7 @@ class Warehouse:
         self.audit = AuditLog(self.store.db, key=settings.audit_key)
         self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
         self._explicit_policy = Policy.from_file(settings.policy) if settings.policy else None
-        self._searcher = Searcher(self.store, self.embedder)
+        self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_mb * 1024 * 1024)
         self._lifecycle = Lifecycle(self.store, self.embedder)
         self._installed: tuple[int, Policy | None] = (-1, None)
 

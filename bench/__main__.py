@@ -1,6 +1,7 @@
 """``make bench``: run the benchmark, write ``results.json``, ``results.md`` and a plot, print targets.
 
-    python -m ragwarden.bench [--sizes 100000,1000000] [--queries 20] [--out bench/results] [--no-peers] [--no-ingest]
+    python -m ragwarden.bench [--sizes 100000,1000000,scifact] [--queries 20] [--out bench/results]
+                              [--peers faiss-hnsw,faiss-ivf | --no-peers] [--no-ingest]
     python -m ragwarden.bench --report bench/results/results.json   # re-render tables and targets only
 """
 
@@ -16,8 +17,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ragwarden.config import Settings
+
 from .report import plot, targets, to_markdown
 from .retrieval import compile_times, run_world
+from .scifact_world import scifact_world
+from .world import generate
 
 
 def _machine() -> dict[str, Any]:
@@ -32,10 +37,12 @@ def _machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--sizes", default="100000,1000000", help="comma-separated row counts")
+    parser.add_argument("--sizes", default="100000,1000000,scifact",
+                        help="comma-separated worlds: synthetic row counts, and 'scifact' for SciFact's embeddings")
     parser.add_argument("--queries", type=int, default=20, help="queries per cell")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--workdir", type=Path, default=None, help="where the warehouses are written (temp)")
+    parser.add_argument("--peers", default=None, help="comma-separated peers to run (default: every one installed)")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-ingest", action="store_true", help="skip the SciFact ingest benchmark")
     parser.add_argument("--ingest-limit", type=int, default=None, help="SciFact documents (all by default)")
@@ -51,8 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ragwarden-bench-"))
     results: dict[str, Any] = {"machine": _machine(), "worlds": [], "compile": compile_times()}
-    for size in (int(s) for s in args.sizes.split(",") if s):
-        results["worlds"].append(run_world(size, queries_per_cell=args.queries, workdir=workdir, peers=not args.no_peers))
+    peers = set() if args.no_peers else ({p for p in args.peers.split(",") if p} if args.peers else None)
+    settings = Settings.from_env()
+    for size in (s for s in args.sizes.split(",") if s):
+        if size == "scifact":
+            folder = settings.data_dir / "scifact"
+            if not (folder / "corpus.jsonl").exists():
+                results["skipped_worlds"] = {"scifact": f"no SciFact data at {folder} (set RAGWARDEN_DATA)"}
+                continue
+            world, data = scifact_world(folder, workdir), "scifact"
+        else:
+            world, data = generate(int(size)), "synthetic"
+        results["worlds"].append(run_world(world, data=data, queries_per_cell=args.queries, workdir=workdir, peers=peers))
         _write(results, args.out)
     if not args.no_ingest:
         from .ingest_bench import run_ingest_bench

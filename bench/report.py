@@ -20,6 +20,17 @@ def _cell(world: dict[str, Any], system: str, selectivity: float, correlation: s
     return found[0] if found else None
 
 
+def _name(world: dict[str, Any]) -> str:
+    """How a world is named in targets: its size, and its data unless synthetic."""
+    data = world.get("data", "synthetic")
+    return f"N={world['n']:,}" if data == "synthetic" else f"{data} N={world['n']:,}"
+
+
+def _title(world: dict[str, Any]) -> str:
+    data = world.get("data", "synthetic")
+    return f"N = {world['n']:,} rows" + ("" if data == "synthetic" else f" of {data} embeddings")
+
+
 def _line(target: str, result: str, met: bool) -> dict[str, Any]:
     return {"target": target, "result": result, "met": bool(met)}
 
@@ -29,12 +40,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = []
     worlds = results.get("worlds", [])
     if worlds:
-        big = max(worlds, key=lambda w: w["n"])
+        big = max(worlds, key=lambda w: (w.get("data", "synthetic") == "synthetic", w["n"]))
         governed, unfiltered = _cell(big, GOVERNED, 0.1), _cell(big, "unfiltered", 0.1)
         if governed and unfiltered:
             ratio = governed["p50_ms"] / unfiltered["p50_ms"]
             lines.append(_line(
-                f"governed p50 <= {RATIO_TARGET} x unfiltered p50 at 10% visible, N={big['n']:,}",
+                f"governed p50 <= {RATIO_TARGET} x unfiltered p50 at 10% visible, {_name(big)}",
                 f"{governed['p50_ms']:.1f} ms vs {unfiltered['p50_ms']:.1f} ms = {ratio:.2f} x", ratio <= RATIO_TARGET,
             ))  # fmt: skip
         ours = [c for w in worlds for c in _cells(w, GOVERNED, None)]
@@ -57,7 +68,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 if ours_cell and kdrop:
                     speedup = kdrop["p50_ms"] / ours_cell["p50_ms"]
                     lines.append(_line(
-                        f">= {KDROP_SPEEDUP:.0f}x faster than k-then-drop at equal recall, {selectivity:.1%} visible, N={w['n']:,}",
+                        f">= {KDROP_SPEEDUP:.0f}x faster than k-then-drop at equal recall, {selectivity:.1%} visible, {_name(w)}",
                         f"{speedup:.1f}x ({ours_cell['p50_ms']:.1f} ms, recall {ours_cell['recall']:.3f} vs "
                         f"{kdrop['p50_ms']:.1f} ms, recall {kdrop['recall']:.3f} with k' sized to the selectivity)",
                         speedup >= KDROP_SPEEDUP,
@@ -71,22 +82,22 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                     if other and other["p50_ms"] < c["p50_ms"]:
                         behind.append(f"{c['selectivity']:.1%}: {c['p50_ms']:.1f} vs {other['p50_ms']:.1f} ms")
                 lines.append(_line(
-                    f"ahead of {peer} at N={w['n']:,} (p50, every selectivity)",
+                    f"ahead of {peer} at {_name(w)} (p50, every selectivity)",
                     "ahead everywhere" if not behind else "behind at " + "; ".join(behind), not behind,
                 ))  # fmt: skip
             crossover = plan_crossover(w)
             if crossover:
-                lines.append(_line(f"crossover measured (N={w['n']:,})", crossover, True))
+                lines.append(_line(f"crossover measured ({_name(w)})", crossover, True))
             stages = w.get("stages_ms", {})
             for selectivity, stage in stages.items():
                 total = sum(v for k, v in stage.items() if k != "receipt")
                 share = stage["check"] / total if total else 0.0
                 lines.append(_line(
-                    f"post-check <= 5% of query time, receipt aside (N={w['n']:,}, {float(selectivity):.1%} visible)",
+                    f"post-check <= 5% of query time, receipt aside ({_name(w)}, {float(selectivity):.1%} visible)",
                     f"{stage['check']:.2f} of {total:.2f} ms = {share:.1%}", share <= 0.05,
                 ))  # fmt: skip
                 lines.append(_line(
-                    f"cached compile <= 0.1 ms in search (N={w['n']:,}, {float(selectivity):.1%})",
+                    f"cached compile <= 0.1 ms in search ({_name(w)}, {float(selectivity):.1%})",
                     f"{stage['compile']:.3f} ms (+ {stage.get('registry check', 0.0):.3f} ms reading the registry "
                     "versions, reported apart)",
                     stage["compile"] <= 0.1,
@@ -94,7 +105,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             appended = w.get("appended_rows")
             if appended:
                 lines.append(_line(
-                    f"rows appended after indexing found and filtered (N={w['n']:,})",
+                    f"rows appended after indexing found and filtered ({_name(w)})",
                     f"{appended['found_first']}/{appended['appended']} found first, {appended['leaked']} leaked",
                     appended["found_first"] == appended["appended"] and appended["leaked"] == 0,
                 ))  # fmt: skip
@@ -141,7 +152,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
     for w in results.get("worlds", []):
         present = [s for s in SUMMARY_SYSTEMS if _cells(w, s)]
         shares = sorted({c["selectivity"] for c in _cells(w, GOVERNED)}, reverse=True)
-        out.append(f"N = {w['n']:,} rows, p50 ms (recall@10), queries with no correlation:\n")
+        out.append(f"{_title(w)}, p50 ms (recall@10), queries with no correlation:\n")
         out.append("| system | " + " | ".join(f"{share:.1%} visible" for share in shares) + " |")
         out.append("| --- |" + " ---: |" * len(shares))
         for system in present:
@@ -164,16 +175,18 @@ def to_markdown(results: dict[str, Any]) -> str:
     out = [f"# Benchmark results\n\n{machine['date']}; {machine['cpus']} CPUs, {machine['processor']}, "
            f"{machine['platform']}, Python {machine['python']}\n", summary_markdown(results)]  # fmt: skip
     for w in results.get("worlds", []):
-        out.append(f"\n## N = {w['n']:,}\n\nvisible shares: "
+        out.append(f"\n## {_title(w)}\n\nvisible shares: "
                    + ", ".join(f"{float(t):.1%} -> {v:.2%}" for t, v in w["visible_share"].items())
                    + "\n\nbuild seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in w["build_seconds"].items())
                    + ("\n\nskipped: " + "; ".join(f"{k}: {v}" for k, v in w["skipped"].items()) if w["skipped"] else "")
                    + "\n")  # fmt: skip
-        out.append("| system | visible | correlation | p50 ms | p95 ms | QPS | recall@10 | k-fill | leaks |")
-        out.append("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        out.append("| system | visible | correlation | p50 ms | p95 ms | cold ms | QPS | recall@10 | k-fill | leaks |")
+        out.append("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for c in w["cells"]:
+            cold = c.get("extra", {}).get("cold_ms")
             out.append(f"| {c['system']} | {c['selectivity']:.1%} | {c['correlation']} | {c['p50_ms']:.1f} | "
-                       f"{c['p95_ms']:.1f} | {c['qps']:.0f} | {c['recall']:.3f} | {c['k_fill']:.2f} | {c['leaks']} |")  # fmt: skip
+                       f"{c['p95_ms']:.1f} | {'' if cold is None else f'{cold:.0f}'} | {c['qps']:.0f} | "
+                       f"{c['recall']:.3f} | {c['k_fill']:.2f} | {c['leaks']} |")  # fmt: skip
         out.append("\nstages of a governed search (median ms): ")
         for selectivity, stage in w.get("stages_ms", {}).items():
             out.append(f"- {float(selectivity):.1%} visible: " + ", ".join(f"{k} {v:.3f}" for k, v in stage.items()))
@@ -209,7 +222,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             xs = [c["selectivity"] for c in cells]
             axes[0][column].plot(xs, [c["p50_ms"] for c in cells], marker="o", label=system)
             axes[1][column].plot(xs, [c["recall"] for c in cells], marker="o", label=system)
-        axes[0][column].set(xscale="log", yscale="log", title=f"N = {w['n']:,}: p50 latency", ylabel="ms")
+        axes[0][column].set(xscale="log", yscale="log", title=f"{_title(w)}: p50 latency", ylabel="ms")
         axes[1][column].set(xscale="log", title="recall@10 vs exact permitted top-10", xlabel="visible share",
                             ylim=(0, 1.05))  # fmt: skip
     axes[0][0].legend(fontsize=7)

@@ -13,7 +13,7 @@ import resource
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from ragwarden.warehouse import Warehouse
 
 from .peer_data import Caller, RowIndex, row_index
 from .peers import available_peers
-from .world import CORRELATIONS, TENANT, World, append_rows, caller_of, generate, queries, write_warehouse
+from .world import CORRELATIONS, TENANT, World, append_rows, caller_of, queries, write_warehouse
 
 K = 10
 
@@ -67,19 +67,23 @@ def exact_top(vectors: np.ndarray, mask: np.ndarray, query: np.ndarray, k: int) 
     return best[np.argsort(-scores[best])]
 
 
-def _measure(search: Callable[[np.ndarray], list[str]], qs: np.ndarray) -> tuple[list[list[str]], list[float]]:
-    search(qs[0])  # warm: caches, page cache, lazily loaded indexes
+def _measure(search: Callable[[np.ndarray], list[str]], qs: np.ndarray) -> tuple[list[list[str]], list[float], float]:
+    """Answers and latencies of each query, after one warm-up query whose latency is returned
+    apart (the cold cost: caches filled, pages read, indexes loaded)."""
+    started = time.perf_counter()
+    search(qs[0])
+    cold = time.perf_counter() - started
     answers, latencies = [], []
     for q in qs:
         started = time.perf_counter()
         answers.append(search(q))
         latencies.append(time.perf_counter() - started)
-    return answers, latencies
+    return answers, latencies, cold
 
 
 def _score(
     system: str, world: World, mask: np.ndarray, index_of: dict[str, int], truth: list[np.ndarray],
-    answers: list[list[str]], latencies: list[float], selectivity: float, correlation: str,
+    answers: list[list[str]], latencies: list[float], cold: float, selectivity: float, correlation: str,
 ) -> Cell:  # fmt: skip
     recalls, fills, leaks = [], [], 0
     for answer, expected in zip(answers, truth, strict=True):
@@ -102,6 +106,7 @@ def _score(
         recall=float(np.mean(recalls)) if recalls else 1.0,
         k_fill=float(np.mean(fills)) if fills else 1.0,
         leaks=leaks,
+        extra={"cold_ms": cold * 1000},
     )
 
 
@@ -202,13 +207,15 @@ def _numpy(world: World, mask: np.ndarray) -> Callable[[np.ndarray], list[str]]:
 
 
 def run_world(
-    n: int, *, queries_per_cell: int, workdir: Path, peers: bool = True, log: Callable[[str], None] = print,
+    world: World, *, data: str, queries_per_cell: int, workdir: Path, peers: Collection[str] | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every system at every selectivity and correlation on one world of ``n`` rows."""
-    world = generate(n)
+    """Every system at every selectivity and correlation on one world (``data`` names its vectors:
+    "synthetic" or the data set's); ``peers`` names the peers to run (None: every one installed)."""
+    n = len(world.rows.ids)
     index: RowIndex = row_index(world.rows)
     index_of = {chunk_id: i for i, chunk_id in enumerate(world.rows.ids)}
-    folder = workdir / f"ragwarden-{n}"
+    folder = workdir / f"ragwarden-{data}-{n}"
     shutil.rmtree(folder, ignore_errors=True)
     rw = RagwardenSystems(world, folder)
     policy = rw.policy
@@ -239,8 +246,8 @@ def run_world(
             search = make(subject, caller, mask)
             for correlation in CORRELATIONS:
                 qs, truth = cell_queries(target, correlation)
-                answers, latencies = _measure(search, qs)
-                cells.append(_score(name, world, mask, index_of, truth, answers, latencies, target, correlation))
+                answers, latencies, cold = _measure(search, qs)
+                cells.append(_score(name, world, mask, index_of, truth, answers, latencies, cold, target, correlation))
         gc.collect()
 
     run_system("ragwarden", lambda s, c, m: rw.governed(s))
@@ -257,27 +264,30 @@ def run_world(
         qs = queries(world, subject, policy, "none", queries_per_cell, seed=99)
         stages[str(target)] = rw.stages(subject, qs)
     skipped: dict[str, str] = {}
-    if peers:
-        for name, factory, reason in available_peers():
-            if factory is None:
-                skipped[name] = reason
-                continue
-            peer = factory()
-            if peer.max_rows is not None and n > peer.max_rows:
-                skipped[name] = f"runs up to {peer.max_rows:,} rows"
-                continue
-            peer_dir = Path(tempfile.mkdtemp(dir=workdir))
-            started = time.perf_counter()
-            peer.build(world.rows, peer_dir)
-            builds[name] = time.perf_counter() - started
-            log(f"N={n}: {name} built in {builds[name]:.1f} s")
-            run_system(name, lambda s, c, m, peer=peer: (lambda q: peer.search(q, K, c)))
-            memory[name] = _peak_rss_mb()
-            peer.close()
-            shutil.rmtree(peer_dir, ignore_errors=True)
+    for name, factory, reason in available_peers():
+        if peers is not None and name not in peers:
+            skipped[name] = "not selected (--peers)"
+            continue
+        if factory is None:
+            skipped[name] = reason
+            continue
+        peer = factory()
+        if peer.max_rows is not None and n > peer.max_rows:
+            skipped[name] = f"runs up to {peer.max_rows:,} rows"
+            continue
+        peer_dir = Path(tempfile.mkdtemp(dir=workdir))
+        started = time.perf_counter()
+        peer.build(world.rows, peer_dir)
+        builds[name] = time.perf_counter() - started
+        log(f"N={n}: {name} built in {builds[name]:.1f} s")
+        run_system(name, lambda s, c, m, peer=peer: (lambda q: peer.search(q, K, c)))
+        memory[name] = _peak_rss_mb()
+        peer.close()
+        shutil.rmtree(peer_dir, ignore_errors=True)
     appended = appended_rows_found(rw, world)
     return {
         "n": n,
+        "data": data,
         "visible_share": {str(t): float(m.mean()) for t, (_, _, m) in callers.items()},
         "cells": [cell.__dict__ for cell in cells],
         "build_seconds": builds,

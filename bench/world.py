@@ -9,7 +9,7 @@ as ingest writes) so the benchmark measures the product's own read path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,6 +44,7 @@ class World:
     cluster_of: np.ndarray  # (N,) cluster of each row
     subjects: dict[float, str]  # target selectivity -> subject
     seed: int
+    query_pool: np.ndarray | None = None  # real query vectors (None: queries are drawn near centres)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -71,7 +72,41 @@ def generate(n: int, *, seed: int = 7, clusters: int | None = None) -> World:
         part = cluster_of[start : start + _WRITE_BATCH]
         noise = rng.standard_normal((len(part), DIMENSION)).astype(np.float32) * 0.06
         vectors[start : start + len(part)] = _unit(centers[part] + noise)
+    return _governed(rng, [f"r{i:07d}" for i in range(n)], vectors, centers, cluster_of, seed=seed)
 
+
+def from_embeddings(
+    ids: list[str], vectors: np.ndarray, query_vectors: np.ndarray, *, seed: int = 7, clusters: int = 64
+) -> World:
+    """A world over real embeddings (SciFact's): k-means clusters stand in for the synthetic ones,
+    access is drawn exactly as ``generate`` draws it, and queries come from ``query_vectors``."""
+    rng = np.random.default_rng(seed)
+    vectors = _unit(np.asarray(vectors, dtype=np.float32))
+    centers, cluster_of = _kmeans(vectors, clusters, rng)
+    world = _governed(rng, ids, vectors, centers, cluster_of, seed=seed)
+    return replace(world, query_pool=_unit(np.asarray(query_vectors, dtype=np.float32)))
+
+
+def _kmeans(vectors: np.ndarray, clusters: int, rng: np.random.Generator, rounds: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """Spherical k-means: unit centres and each row's cluster."""
+    centers = vectors[rng.choice(len(vectors), clusters, replace=False)]
+    for _ in range(rounds):
+        cluster_of = np.argmax(vectors @ centers.T, axis=1)
+        for c in range(clusters):
+            members = vectors[cluster_of == c]
+            if len(members):
+                centers[c] = members.sum(axis=0)
+        centers = _unit(centers)
+    return centers, np.argmax(vectors @ centers.T, axis=1)
+
+
+def _governed(
+    rng: np.random.Generator, ids: list[str], vectors: np.ndarray, centers: np.ndarray, cluster_of: np.ndarray,
+    *, seed: int,
+) -> World:  # fmt: skip
+    """Groups, tenants, labels, classifications and denies drawn for each row, and the policy."""
+    n = len(ids)
+    clusters = len(centers)
     shares = _zipf_shares(GROUPS, ZIPF_EXPONENT)
     home_group = rng.choice(GROUPS, clusters, p=shares)
     at_home = rng.random(n) < 0.7
@@ -84,7 +119,7 @@ def generate(n: int, *, seed: int = 7, clusters: int | None = None) -> World:
     deny_target = rng.integers(0, 8, n)
 
     rows = BenchRows(
-        ids=[f"r{i:07d}" for i in range(n)],
+        ids=ids,
         vectors=vectors,
         tenant=tenant.tolist(),
         acl_allow=[[f"group:g{g}"] for g in group_of.tolist()],
@@ -146,11 +181,18 @@ def caller_of(world: World, subject: str, policy: Policy) -> Caller:
 
 
 def queries(world: World, subject: str, policy: Policy, correlation: str, count: int, *, seed: int) -> np.ndarray:
-    """Query vectors near cluster centres: any cluster (none), clusters whose home group the subject
-    reads (positive), or clusters whose home group it does not (negative)."""
+    """Queries about any cluster (none), about clusters whose home group the subject reads
+    (positive), or about clusters whose home group it does not (negative): drawn near the centres,
+    or, for a world of real embeddings, picked from its real queries by their nearest centre."""
     rng = np.random.default_rng(seed)
     principals = policy.principals(subject, TENANT)
     readable = np.array([f"group:g{g}" in principals for g in world.home_group])
+    if world.query_pool is not None:
+        about = np.argmax(world.query_pool @ world.centers.T, axis=1)
+        wanted = {"positive": readable[about], "negative": ~readable[about]}.get(correlation)
+        pool = np.flatnonzero(wanted) if wanted is not None and wanted.any() else np.arange(len(about))
+        picked = rng.choice(pool, count, replace=len(pool) < count)
+        return world.query_pool[picked]
     if correlation == "positive" and readable.any():
         pool = np.flatnonzero(readable)
     elif correlation == "negative" and (~readable).any():

@@ -26,6 +26,7 @@ from ..indexing import has_vector_index, vector_index_partitions
 from ..store import Store
 from .fusion import reciprocal_rank_fusion
 from .hits import Hit
+from .visible_rows import VisibleRowCache, VisibleRows
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ flat scan is exact in 143 ms; at 10% visible the index is exact and 20x faster t
 INDEX_NPROBES = 20
 PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
+DEFAULT_FLAT_CACHE_BYTES = 256 * 1024 * 1024
 RESULT_COLUMNS = [
     "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
     "acl_clauses", "labels", "classification", "doc_version", "position",
@@ -96,12 +98,22 @@ class Searcher:
     gets the vector index, prefiltered, with candidates re-ranked on full vectors. Below
     ``flat_max_rows`` visible rows (by default scaled with the table, see ``FLAT_SEARCH_SHARE``)
     the scan is both faster and exact; without a vector index every search is an exact scan.
+    An exact scan reads its rows' vectors once per table version and then scans them in memory
+    (``flat_cache_bytes`` bounds what is held; 0 reads them from the table every time).
     """
 
-    def __init__(self, store: Store, embedder: Embedder, *, flat_max_rows: int | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder,
+        *,
+        flat_max_rows: int | None = None,
+        flat_cache_bytes: int = DEFAULT_FLAT_CACHE_BYTES,
+    ) -> None:
         self.store = store
         self.embedder = embedder
         self.flat_max_rows = flat_max_rows
+        self.visible = VisibleRowCache(flat_cache_bytes)
         self.filters = FilterCache()
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._indexed: tuple[int, bool] = (-1, False)
@@ -215,6 +227,11 @@ class Searcher:
         return self._counts[key]
 
     def _vector(self, vector: np.ndarray | None, where: str, limit: int, version: int) -> list[dict[str, Any]]:
+        plan = self.plan(where, version)
+        if plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension):
+            visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
+            if visible is not None:
+                return [{**row, "_distance": 1.0 - score} for row, score in visible.top(vector, limit)]
         builder = (
             self.store.chunks.search(vector, vector_column_name="vector")
             .distance_type("cosine")
@@ -222,11 +239,20 @@ class Searcher:
             .select([*RESULT_COLUMNS, "_distance"])
             .limit(limit)
         )
-        if self.plan(where, version) == "flat":
+        if plan == "flat":
             builder = builder.bypass_vector_index()
         else:
             builder = builder.nprobes(self.nprobes(where, version)).refine_factor(INDEX_REFINE_FACTOR)
         return builder.to_list()
+
+    def _read_visible(self, where: str, version: int) -> VisibleRows | None:
+        """The rows ``where`` admits at ``version``; None if the table has moved on (the caller
+        then scans the table, and ``rank`` sees the version change and asks again)."""
+        dataset = self.store.chunks.to_lance()
+        if dataset.version != version:
+            return None
+        table = dataset.to_table(columns=[*RESULT_COLUMNS, "vector"], filter=where)
+        return VisibleRows.from_arrow(table, self.store.dimension)
 
     def nprobes(self, where: str, version: int) -> int:
         """IVF partitions to probe: enough that about ``PROBED_VISIBLE_ROWS`` visible rows lie in

@@ -17,7 +17,8 @@ def test_defaults_need_no_environment():
 
 def test_environment_then_explicit_overrides():
     env = {"RAGWARDEN_WAREHOUSE": "/tmp/wh", "RAGWARDEN_POLICY": "p.csv", "RAGWARDEN_DATA": "/data", "RAGWARDEN_MAX_FILE_BYTES": "10"}
-    settings = Settings.from_env(env, warehouse="s3://bucket/wh", policy=None)
+    settings = Settings.from_env(env | {"RAGWARDEN_FLAT_CACHE_MB": "0"}, warehouse="s3://bucket/wh", policy=None)
+    assert settings.flat_cache_mb == 0
     assert settings.warehouse == "s3://bucket/wh"
     assert (settings.policy, settings.data_dir, settings.max_file_bytes) == ("p.csv", Path("/data"), 10)
 
@@ -28,6 +29,8 @@ def test_environment_then_explicit_overrides():
         ({"RAGWARDEN_MAX_FILE_BYTES": "lots"}, {}, "RAGWARDEN_MAX_FILE_BYTES must be a whole number"),
         ({}, {"embed_batch_size": 0}, "embed_batch_size must be at least 1"),
         ({}, {"chunk_overlap": -1}, "chunk_overlap must be at least 0"),
+        ({"RAGWARDEN_FLAT_CACHE_MB": "big"}, {}, "RAGWARDEN_FLAT_CACHE_MB must be a whole number of MiB"),
+        ({"RAGWARDEN_FLAT_CACHE_MB": "-1"}, {}, "flat_cache_mb must be at least 0"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_setting(env, overrides, message):

@@ -1,12 +1,17 @@
-"""Fixtures for retrieval: the demo warehouse and an oracle of what each subject may read."""
+"""Fixtures for retrieval: the demo warehouse, an oracle of what each subject may read, and a
+synthetic world written with its scalar and vector indexes built."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from ragwarden.bench.world import World, generate, write_warehouse
+from ragwarden.config import Settings
 from ragwarden.governance.visibility import check_row
+from ragwarden.indexing import has_vector_index
 from ragwarden.warehouse import Warehouse
 
 
@@ -26,3 +31,17 @@ def visible_to(demo_warehouse: Warehouse, demo_rows: list[dict]) -> Callable[[st
         return [row for row in demo_rows if check_row(policy, subject, tenant, row, registry).allowed]
 
     return visible
+
+
+@pytest.fixture(scope="module")
+def small_world() -> World:
+    return generate(3_000, seed=4)
+
+
+@pytest.fixture
+def indexed_warehouse(small_world: World, tmp_path: Path) -> Warehouse:
+    """The world written, scalar and vector indexes built (the row floor lowered to fit a test)."""
+    store = write_warehouse(small_world, tmp_path / "wh")
+    report = store.optimize(vector_index_min_rows=1_000)
+    assert report.vector_index is not None and has_vector_index(store.chunks)
+    return Warehouse(Settings(warehouse=str(tmp_path / "wh")), embedder=None)  # type: ignore[arg-type]

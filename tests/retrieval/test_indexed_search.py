@@ -7,50 +7,14 @@ fallback must catch a row that slipped past it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
+from support.appended_rows import group_of, new_rows
 
-from ragwarden.bench.peer_data import BenchRows
-from ragwarden.bench.world import TENANT, World, append_rows, generate, write_warehouse
-from ragwarden.config import Settings
-from ragwarden.indexing import has_vector_index
+from ragwarden.bench.world import TENANT, World, append_rows
 from ragwarden.retrieval.search import Searcher
 from ragwarden.warehouse import Warehouse
 
 K = 10
-
-
-@pytest.fixture(scope="module")
-def small_world() -> World:
-    return generate(3_000, seed=4)
-
-
-@pytest.fixture
-def indexed_warehouse(small_world: World, tmp_path: Path) -> Warehouse:
-    """The world written, scalar and vector indexes built (the row floor lowered to fit a test)."""
-    store = write_warehouse(small_world, tmp_path / "wh")
-    report = store.optimize(vector_index_min_rows=1_000)
-    assert report.vector_index is not None and has_vector_index(store.chunks)
-    return Warehouse(Settings(warehouse=str(tmp_path / "wh")), embedder=None)  # type: ignore[arg-type]
-
-
-def _new_rows(world: World, count: int, allow: str, *, labels: list[str] | None = None, seed: int = 1) -> BenchRows:
-    rng = np.random.default_rng(seed)
-    base = world.rows.vectors[rng.choice(len(world.rows.ids), count, replace=False)]
-    vectors = base + rng.standard_normal(base.shape).astype(np.float32) * 0.01
-    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
-    return BenchRows(
-        ids=[f"appended-{seed}-{i}" for i in range(count)], vectors=vectors, tenant=[TENANT] * count,
-        acl_allow=[[allow]] * count, acl_deny=[[] for _ in range(count)],
-        labels=[list(labels or []) for _ in range(count)], classification=np.zeros(count, dtype=np.int8),
-    )  # fmt: skip
-
-
-def _group_of(warehouse: Warehouse, subject: str) -> str:
-    assert warehouse.policy is not None
-    return min(p for p in warehouse.policy.principals(subject, TENANT) if p.startswith("group:"))
 
 
 @pytest.mark.parametrize("plan", ["index", "flat"])
@@ -58,7 +22,7 @@ def test_rows_appended_after_the_index_was_built_are_found_and_filtered(
     indexed_warehouse: Warehouse, small_world: World, plan: str
 ) -> None:
     reader, outsider = small_world.subjects[0.5], small_world.subjects[0.001]
-    new = _new_rows(small_world, 15, _group_of(indexed_warehouse, reader))
+    new = new_rows(small_world, 15, group_of(indexed_warehouse, reader))
     append_rows(indexed_warehouse.store, new)
     searcher = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
     policy = indexed_warehouse.policy
@@ -73,7 +37,7 @@ def test_a_row_whose_label_slipped_past_the_registry_is_withheld_and_k_still_fil
     indexed_warehouse: Warehouse, small_world: World
 ) -> None:
     reader = small_world.subjects[0.5]
-    secret = _new_rows(small_world, 1, _group_of(indexed_warehouse, reader), labels=["unregistered-secret"], seed=2)
+    secret = new_rows(small_world, 1, group_of(indexed_warehouse, reader), labels=["unregistered-secret"], seed=2)
     append_rows(indexed_warehouse.store, secret, register_labels=False)
     assert "unregistered-secret" not in indexed_warehouse.store.label_registry()
     hits, withheld = indexed_warehouse._searcher.search(
@@ -88,6 +52,6 @@ def test_labels_are_registered_before_rows_carrying_them_are_written(
 ) -> None:
     before = indexed_warehouse.store.registry_version()
     reader = small_world.subjects[0.5]
-    append_rows(indexed_warehouse.store, _new_rows(small_world, 2, _group_of(indexed_warehouse, reader), labels=["fresh"]))
+    append_rows(indexed_warehouse.store, new_rows(small_world, 2, group_of(indexed_warehouse, reader), labels=["fresh"]))
     assert "fresh" in indexed_warehouse.store.label_registry()
     assert indexed_warehouse.store.registry_version() != before  # every cached filter is recompiled

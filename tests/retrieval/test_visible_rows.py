@@ -1,0 +1,81 @@
+"""Exact scans from memory: the same answers as scanning the table, and never past a commit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from support.appended_rows import group_of, new_rows
+
+from ragwarden.bench.world import TENANT, World, append_rows
+from ragwarden.retrieval.search import Searcher
+from ragwarden.retrieval.visible_rows import VisibleRowCache, VisibleRows
+from ragwarden.warehouse import Warehouse
+
+K = 10
+
+
+def _flat(warehouse: Warehouse, cache_bytes: int) -> Searcher:
+    return Searcher(warehouse.store, None, flat_max_rows=10**9, flat_cache_bytes=cache_bytes)  # type: ignore[arg-type]
+
+
+def _search(searcher: Searcher, warehouse: Warehouse, subject: str, vector: np.ndarray) -> list[tuple[str, float]]:
+    hits, _ = searcher.search("q", policy=warehouse.policy, subject=subject, tenant=TENANT, k=K, vector=vector)
+    return [(hit.chunk_id, hit.score) for hit in hits]
+
+
+@pytest.mark.parametrize("share", [0.5, 0.01])
+def test_a_held_scan_answers_as_the_table_scan_does(indexed_warehouse: Warehouse, small_world: World, share: float):
+    held, read = _flat(indexed_warehouse, 64 * 2**20), _flat(indexed_warehouse, 0)
+    subject = small_world.subjects[share]
+    for vector in small_world.rows.vectors[:12]:
+        from_memory, from_table = _search(held, indexed_warehouse, subject, vector), _search(read, indexed_warehouse, subject, vector)
+        assert [c for c, _ in from_memory] == [c for c, _ in from_table]
+        assert np.allclose([s for _, s in from_memory], [s for _, s in from_table], atol=1e-5)
+    assert len(held.visible) == 1 and len(read.visible) == 0
+
+
+def test_a_commit_is_seen_by_the_next_search(indexed_warehouse: Warehouse, small_world: World):
+    searcher = _flat(indexed_warehouse, 64 * 2**20)
+    reader = small_world.subjects[0.5]
+    first = new_rows(small_world, 1, group_of(indexed_warehouse, reader), seed=5)
+    append_rows(indexed_warehouse.store, first)
+    assert _search(searcher, indexed_warehouse, reader, first.vectors[0])[0][0] == first.ids[0]
+
+    indexed_warehouse.store.delete(first.ids, first.ids[0])  # erased: gone from the very next search
+    assert first.ids[0] not in {c for c, _ in _search(searcher, indexed_warehouse, reader, first.vectors[0])}
+
+    second = new_rows(small_world, 1, group_of(indexed_warehouse, reader), seed=6)
+    append_rows(indexed_warehouse.store, second)  # written: found by the very next search
+    assert _search(searcher, indexed_warehouse, reader, second.vectors[0])[0][0] == second.ids[0]
+
+
+def test_a_row_whose_vector_cannot_be_ranked_is_never_returned():
+    vectors = pa.array([[1.0, 0.0], [0.0, 0.0], [float("nan"), 1.0], None, [0.6, 0.8]], type=pa.list_(pa.float32(), 2))
+    rows = VisibleRows.from_arrow(pa.table({"chunk_id": ["a", "zero", "nan", "null", "b"], "vector": vectors}), 2)
+    ranked = rows.top(np.array([1.0, 0.0], dtype=np.float32), 10)
+    assert [(row["chunk_id"], round(score, 3)) for row, score in ranked] == [("a", 1.0), ("b", 0.6)]
+    assert rows.top(np.zeros(2, dtype=np.float32), 10) == []
+
+
+def _rows(count: int) -> VisibleRows:
+    return VisibleRows(rows=pa.table({"chunk_id": [str(i) for i in range(count)]}), vectors=np.ones((count, 4), np.float32))
+
+
+def test_the_cache_keeps_its_budget_evicting_the_least_recently_used():
+    one = _rows(100)
+    cache = VisibleRowCache(max_bytes=int(one.nbytes * 4.5))
+    for name in "abcd":
+        cache.get((name, 1), lambda: _rows(100))
+    cache.get(("a", 1), lambda: pytest.fail("'a' was held"))  # now the most recently used
+    cache.get(("e", 1), lambda: _rows(100))
+    assert len(cache) == 4 and cache.nbytes <= cache.max_bytes
+    cache.get(("a", 1), lambda: pytest.fail("'a' was evicted before 'b'"))
+    assert cache.get(("b", 1), lambda: None) is None  # 'b' was the one evicted
+
+
+def test_a_set_over_a_quarter_of_the_budget_is_returned_but_not_held():
+    big = _rows(1000)
+    cache = VisibleRowCache(max_bytes=big.nbytes * 3)
+    assert cache.get(("big", 1), lambda: big) is big
+    assert len(cache) == 0 and not cache.fits(1000, 4)
