@@ -6,9 +6,10 @@ latest commit: a replica never serves a revoked ACL from a stale handle.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import FTS
 
+from .commit_retry import is_commit_conflict, retrying_conflicts
 from .errors import WarehouseError
 from .governance.policy import Policy
 from .governance.sql import sql_in_list, sql_list, sql_string
@@ -56,6 +58,41 @@ class SourceState:
     tags_fingerprint: str
 
 
+_ATTRIBUTES = {CHUNKS: "chunks", SOURCES: "sources", CLAUSES: "clauses", POLICIES: "policies", LABELS: "labels"}
+_LANCE_FAILURES = ("LanceError", "lance error", "External error", "Object at location")
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EROFS, errno.EDQUOT}
+
+
+def storage_failure(
+    uri: str, operation: str, exc: BaseException, damaged: Callable[[], list[str]] = list
+) -> WarehouseError | None:
+    """``exc`` as a WarehouseError naming the warehouse, the operation and the ``damaged()`` files
+    when it is a failure to read or write the warehouse's files (a missing or damaged file, a full
+    disk); None for any other exception."""
+    text = str(exc)
+    lance = isinstance(exc, (RuntimeError, pa.ArrowException)) and any(mark in text for mark in _LANCE_FAILURES)
+    if not lance and not (isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS):
+        return None
+    detail = text.splitlines()[0] if text else type(exc).__name__
+    if is_commit_conflict(exc):
+        return WarehouseError(f"warehouse {uri!r}: {operation} lost a commit race to a concurrent writer ({detail}); try again")
+    files = damaged()
+    named = f" Missing or damaged: {', '.join(files)}." if files else ""
+    return WarehouseError(
+        f"warehouse {uri!r}: {operation} failed reading or writing its files: {detail}.{named} "
+        "Committed versions are untouched: free space or restore the damaged files from a backup, then retry"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registries:
+    """What a search compiles and checks against: the clause and label registries' version
+    (``Store.registry_version``) and the clause registry at it."""
+
+    version: str
+    clauses: Mapping[str, tuple[str, ...]]
+
+
 def _is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
@@ -91,10 +128,11 @@ class Store:
         self.uri = uri
         self.dimension = dimension
         self.db = connect(uri)
-        self.chunks = self._table(CHUNKS, chunks_schema(dimension))
+        self._refuse_missing_tables()
         self.sources = self._table(SOURCES, SOURCES_SCHEMA)
         self.clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
         self.policies = self._table(POLICIES, POLICIES_SCHEMA)
+        self.chunks = self._table(CHUNKS, chunks_schema(dimension))  # last: its presence marks a complete warehouse
         self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
         self._label_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._lock = threading.Lock()
@@ -106,11 +144,53 @@ class Store:
     def _table(self, name: str, schema: pa.Schema) -> Any:
         return open_table(self.db, name, schema)
 
+    def damaged_files(self) -> list[str]:
+        """Data files a table's current version names that are missing or not the size it recorded
+        (local warehouses; for diagnosis after a failed read, so it never raises)."""
+        found: list[str] = []
+        if self.local_path is None:
+            return found
+        for name in (CHUNKS, SOURCES, CLAUSES, POLICIES, LABELS):
+            folder = self.local_path / f"{name}.lance" / "data"
+            try:
+                fragments = getattr(self, _ATTRIBUTES[name]).to_lance().get_fragments()
+                for fragment in fragments:
+                    for data in fragment.data_files():
+                        path = folder / data.path
+                        size = path.stat().st_size if path.exists() else None
+                        if size is None or (data.file_size_bytes is not None and size != data.file_size_bytes):
+                            found.append(str(path))
+            except Exception as exc:  # a table whose manifest cannot be read is damaged as a whole
+                found.append(f"{self.local_path / f'{name}.lance'} ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+        return found
+
+    def _refuse_missing_tables(self) -> None:
+        """A table of a warehouse in use that has gone is an error naming it, never a fresh empty
+        table in its place (which would lose its rows, or an ACL registry, in silence)."""
+        present = set(self.db.list_tables().tables)
+        core = (SOURCES, CLAUSES, POLICIES)
+        if CHUNKS in present:
+            missing = [name for name in core if name not in present]
+        else:
+            missing = [CHUNKS] if any(name in present and self.db.open_table(name).count_rows() for name in core) else []
+        if missing:
+            raise WarehouseError(
+                f"warehouse {self.uri!r}: table {missing[0]!r} is missing from a warehouse in use; "
+                f"restore {missing[0]}.lance from a backup (it is not recreated empty)"
+            )
+
     # -- ACL clause registry ---------------------------------------------------------------
 
     def clause_registry(self) -> dict[str, tuple[str, ...]]:
         """Clause token -> principals, re-read only when the registry has a new version."""
-        version = self.clauses.version
+        return self._clauses_at(self.clauses.version)
+
+    def registries(self) -> Registries:
+        """The registries' version and the clause registry, read once for a whole search."""
+        clauses, labels = self.clauses.version, self.labels.version
+        return Registries(version=f"{clauses}.{labels}", clauses=self._clauses_at(clauses))
+
+    def _clauses_at(self, version: int) -> dict[str, tuple[str, ...]]:
         with self._lock:
             if self._clause_cache[0] == version:
                 return self._clause_cache[1]
@@ -125,11 +205,9 @@ class Store:
         known = self.clause_registry()
         new = [{"token": t, "principals": sorted(p)} for t, p in clauses.items() if t not in known]
         if new:
-            (
-                self.clauses.merge_insert("token")
-                .when_not_matched_insert_all()
-                .execute(pa.Table.from_pylist(new, schema=CLAUSES_SCHEMA))
-            )
+            rows = pa.Table.from_pylist(new, schema=CLAUSES_SCHEMA)
+            merge = self.clauses.merge_insert("token").when_not_matched_insert_all()
+            retrying_conflicts(lambda: merge.execute(rows), what="registering ACL clauses")
 
     def label_registry(self) -> frozenset[str]:
         """Every label a row has carried, re-read only when the registry has a new version."""
@@ -146,11 +224,9 @@ class Store:
         """Record labels before any row carrying them is written, so a filter can name them."""
         new = sorted(set(labels) - self.label_registry())
         if new:
-            (
-                self.labels.merge_insert("label")
-                .when_not_matched_insert_all()
-                .execute(pa.Table.from_pydict({"label": new}, schema=LABELS_SCHEMA))
-            )
+            rows = pa.Table.from_pydict({"label": new}, schema=LABELS_SCHEMA)
+            merge = self.labels.merge_insert("label").when_not_matched_insert_all()
+            retrying_conflicts(lambda: merge.execute(rows), what="registering labels")
 
     def _register_labels_of(self, rows: pa.Table) -> None:
         """Every write of rows goes through here first, so the registry holds every label on disk."""
@@ -215,17 +291,16 @@ class Store:
             gone = f"doc_id IN {sql_in_list(doc_ids)}"
             if orphans:
                 gone += f" OR chunk_id IN {sql_in_list(orphans)}"
-            (
+            merge = (
                 self.chunks.merge_insert("chunk_id")
                 .when_matched_update_all()
                 .when_not_matched_insert_all()
                 .when_not_matched_by_source_delete(gone)
-                .execute(chunk_rows)
             )
+            retrying_conflicts(lambda: merge.execute(chunk_rows), what="writing documents")
         if source_rows.num_rows:
-            self.sources.merge_insert("doc_id").when_matched_update_all().when_not_matched_insert_all().execute(
-                source_rows
-            )
+            sources = self.sources.merge_insert("doc_id").when_matched_update_all().when_not_matched_insert_all()
+            retrying_conflicts(lambda: sources.execute(source_rows), what="recording sources")
 
     @property
     def _columns_but_vector(self) -> list[str]:
@@ -264,7 +339,8 @@ class Store:
         """Insert new rows (a derived row); an id already present is left as it is."""
         table = pa.Table.from_pylist(rows, schema=self.chunks.schema)
         self._register_labels_of(table)
-        self.chunks.merge_insert("chunk_id").when_not_matched_insert_all().execute(table)
+        merge = self.chunks.merge_insert("chunk_id").when_not_matched_insert_all()
+        retrying_conflicts(lambda: merge.execute(table), what="adding derived rows")
 
     def update_tags(
         self, rows: list[dict[str, Any]], sources: list[dict[str, Any]], *, delete: Sequence[str] = ()
@@ -279,19 +355,20 @@ class Store:
             merge = self.chunks.merge_insert("chunk_id").when_matched_update_all()
             if delete:
                 merge = merge.when_not_matched_by_source_delete(f"chunk_id IN {sql_in_list(delete)}")
-            merge.execute(table)
+            retrying_conflicts(lambda: merge.execute(table), what="updating tags")
         if sources:
             columns = ["doc_id", "tags_fingerprint", *TAG_COLUMNS]
             schema = pa.schema([self.sources.schema.field(c) for c in columns])
             table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in sources], schema=schema)
-            self.sources.merge_insert("doc_id").when_matched_update_all().execute(table)
+            update = self.sources.merge_insert("doc_id").when_matched_update_all()
+            retrying_conflicts(lambda: update.execute(table), what="updating source tags")
 
     def delete(self, chunk_ids: Iterable[str], doc_id: str) -> None:
         """Delete rows, then their source record: no row ever outlives the record of where it came from."""
         ids = sorted(set(chunk_ids))
         if ids:
-            self.chunks.delete(f"chunk_id IN {sql_in_list(ids)}")
-        self.sources.delete(f"doc_id = {sql_string(doc_id)}")
+            retrying_conflicts(lambda: self.chunks.delete(f"chunk_id IN {sql_in_list(ids)}"), what="deleting rows")
+        retrying_conflicts(lambda: self.sources.delete(f"doc_id = {sql_string(doc_id)}"), what="deleting a source")
 
     def purge_history(self) -> dict[str, int]:
         """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
@@ -334,15 +411,16 @@ class Store:
         if rows == 0:
             return IndexReport(rows=0, scalar_indexes=(), vector_index=None, fragments_before=fragments_before,
                                fragments_after=fragments_before, seconds={})  # fmt: skip
-        compact(self.chunks)
+        retrying_conflicts(lambda: compact(self.chunks), what="compacting")
         seconds["compact"] = time.perf_counter() - started
         if not any(index.index_type == "FTS" for index in self.chunks.list_indices()):
-            self.chunks.create_index("text", config=FTS(), replace=True)
+            retrying_conflicts(lambda: self.chunks.create_index("text", config=FTS(), replace=True), what="indexing text")
         seconds["text_index"] = time.perf_counter() - started - sum(seconds.values())
-        scalar = ensure_scalar_indexes(self.chunks)
+        scalar = retrying_conflicts(lambda: ensure_scalar_indexes(self.chunks), what="building scalar indexes")
         seconds["scalar_indexes"] = time.perf_counter() - started - sum(seconds.values())
-        vector = ensure_vector_index(
-            self.chunks, rows=rows, rebuild=rebuild_vector_index, min_rows=vector_index_min_rows
+        vector = retrying_conflicts(
+            lambda: ensure_vector_index(self.chunks, rows=rows, rebuild=rebuild_vector_index, min_rows=vector_index_min_rows),
+            what="building the vector index",
         )
         seconds["vector_index"] = time.perf_counter() - started - sum(seconds.values())
         return IndexReport(

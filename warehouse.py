@@ -8,10 +8,11 @@ the policy's grant of the operation in its tenant, and touches nothing outside t
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .config import Settings
 from .embedder import MODEL_NAME, Embedder
@@ -22,11 +23,13 @@ from .errors import (
     InvalidSourceError,
     NotFoundError,
     PermissionDeniedError,
+    RagwardenError,
 )
 from .governance.audit import AuditLog, ChainReport, Receipt, StoredReceipt, fingerprint
 from .governance.explain import Explanation, explain_row, not_visible
 from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary, LineageEmitter
 from .governance.policy import Policy
+from .governance.policy_in_force import PolicyInForce
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
@@ -34,12 +37,32 @@ from .retrieval.hits import Hit
 from .retrieval.manifest import ContextManifest
 from .retrieval.review import AccessReview, access_review, inventory
 from .retrieval.search import Searcher, validate_request
-from .store import Store
+from .store import Store, storage_failure
 
 PathLike = str | Path
 T = TypeVar("T")
+P = ParamSpec("P")
 OPERATOR = "local:operator"  # the subject receipts name for operations run in-process (subject=None)
 ANY_TENANT = "*"  # the tenant receipts name for operator runs, which may span tenants
+
+
+def _names_storage_failures(method: Callable[Concatenate[Warehouse, P], T]) -> Callable[Concatenate[Warehouse, P], T]:
+    """A failure to read or write the warehouse's files leaves as a WarehouseError naming the
+    warehouse, the operation and (where Lance knows it) the file, never as a bare Lance error."""
+
+    @functools.wraps(method)
+    def run(self: Warehouse, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except RagwardenError:
+            raise
+        except Exception as exc:
+            failure = storage_failure(self.uri, method.__name__, exc, self.store.damaged_files)
+            if failure is None:
+                raise
+            raise failure from exc
+
+    return run
 
 
 class Warehouse:
@@ -56,10 +79,13 @@ class Warehouse:
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension)
         self.audit = AuditLog(self.store.db, key=settings.audit_key)
         self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
-        self._explicit_policy = Policy.from_file(settings.policy) if settings.policy else None
+        if settings.policy:
+            self._policy = PolicyInForce.from_file(settings.policy)
+            self._policy.current()  # a bad file is refused at once, naming its line
+        else:
+            self._policy = PolicyInForce(load=self.store.installed_policy, stamp=lambda: self.store.policies.version)
         self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_mb * 1024 * 1024)
         self._lifecycle = Lifecycle(self.store, self.embedder)
-        self._installed: tuple[int, Policy | None] = (-1, None)
 
     @property
     def uri(self) -> str:
@@ -92,20 +118,23 @@ class Warehouse:
 
     @property
     def policy(self) -> Policy | None:
-        """The policy in force: the explicit one, else the latest installed, else None."""
-        if self._explicit_policy is not None:
-            return self._explicit_policy
-        version = self.store.policies.version
-        if self._installed[0] != version:
-            self._installed = (version, self.store.installed_policy())
-        return self._installed[1]
+        """The policy in force: the file given when opening, else the latest installed, else None;
+        re-read when it changes, the last good one kept if the change does not load."""
+        return self._policy.current()
 
+    @property
+    def policy_problem(self) -> str | None:
+        """Why the policy in force is not the newest one (it did not load), or None."""
+        return self._policy.problem
+
+    @_names_storage_failures
     def install_policy(self, path: PathLike) -> Policy:
         """Validate a policy file and make it the warehouse's own (versioned; old ones are kept)."""
         policy = Policy.from_file(path)
         self.store.install_policy(policy)
         return policy
 
+    @_names_storage_failures
     def install_policy_text(self, text: str, *, subject: str, tenant: str, actor: str | None = None) -> Policy:
         """Install a policy on behalf of a named caller, who needs ``admin`` in every tenant that the
         policy in force or the new one names: one tenant's administrator cannot rewrite another's rules."""
@@ -205,6 +234,7 @@ class Warehouse:
 
     # -- ingest -------------------------------------------------------------------------------
 
+    @_names_storage_failures
     def ingest(
         self,
         paths: PathLike | Sequence[PathLike],
@@ -226,6 +256,7 @@ class Warehouse:
         sources = [str(Path(p).resolve()) for p in items]
         return self._governed("ingest", None, None, lambda _: self._run(outcomes, progress, sources), _ingested)
 
+    @_names_storage_failures
     def ingest_records(
         self,
         records: Iterable[Mapping[str, Any]],
@@ -278,6 +309,7 @@ class Warehouse:
 
     # -- retrieval ----------------------------------------------------------------------------
 
+    @_names_storage_failures
     def search(
         self,
         query: str,
@@ -325,6 +357,7 @@ class Warehouse:
         )
         return hits
 
+    @_names_storage_failures
     def get_chunk(self, chunk_id: str, *, subject: str, tenant: str, actor: str | None = None) -> Hit:
         """One chunk or derived row by id, if ``subject`` may read it; ``NotFoundError`` alike whether
         it is missing or forbidden, so the answer reveals nothing of rows the caller cannot see."""
@@ -359,6 +392,7 @@ class Warehouse:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
+    @_names_storage_failures
     def derive(
         self,
         text: str,
@@ -400,6 +434,7 @@ class Warehouse:
             actor=actor,
         )
 
+    @_names_storage_failures
     def sync(
         self,
         records: PathLike | Iterable[Mapping[str, Any]],
@@ -444,6 +479,7 @@ class Warehouse:
             actor=actor,
         )
 
+    @_names_storage_failures
     def forget(
         self,
         doc_id: str,
@@ -487,6 +523,7 @@ class Warehouse:
 
     # -- questions ----------------------------------------------------------------------------
 
+    @_names_storage_failures
     def explain(
         self, chunk_id: str, *, subject: str, tenant: str, caller: str | None = None, actor: str | None = None
     ) -> Explanation:
@@ -522,6 +559,7 @@ class Warehouse:
             actor=actor,
         )
 
+    @_names_storage_failures
     def access_review(self, *, subject: str, tenant: str, caller: str | None = None) -> AccessReview:
         """What ``subject`` can read in ``tenant``, by source, label and classification."""
         caller = caller or subject
@@ -533,6 +571,7 @@ class Warehouse:
             lambda review: {"reason": f"access review of {subject}: {review.rows} readable rows"},
         )
 
+    @_names_storage_failures
     def inventory(self, *, label: str, tenant: str, caller: str) -> dict[str, list[str]]:
         """Every row carrying ``label`` in ``tenant``, grouped by source; needs ``audit``."""
         def run() -> dict[str, list[str]]:
@@ -547,6 +586,7 @@ class Warehouse:
             lambda found: {"reason": f"inventory of label {label!r}: {len(found)} sources", "doc_ids": tuple(found)},
         )
 
+    @_names_storage_failures
     def lineage(self, item_id: str, *, caller: str | None = None, tenant: str | None = None) -> dict[str, Any]:
         """A source or row's lineage: source -> chunks -> derived rows -> the receipts that returned them.
 
@@ -593,6 +633,7 @@ class Warehouse:
             ],
         }
 
+    @_names_storage_failures
     def receipts(self, *, caller: str, tenant: str, **filters: Any) -> list[StoredReceipt]:
         """Audit receipts of ``tenant`` matching ``filters`` (see ``AuditLog.query``); needs ``audit``."""
         return self._decided(
@@ -603,6 +644,7 @@ class Warehouse:
             lambda found: {"reason": f"audit query: {len(found)} receipts"},
         )
 
+    @_names_storage_failures
     def verify_audit(self, *, caller: str, tenant: str) -> ChainReport:
         """Verify the whole receipt chain on behalf of ``caller``; needs ``audit`` in ``tenant``."""
         return self._decided(

@@ -211,17 +211,29 @@ def audit() -> None:
     """Verify and query the hash-chained audit receipts."""
 
 
+def _head(_: click.Context, __: click.Parameter, value: str | None) -> tuple[int, str] | None:
+    if value is None:
+        return None
+    seq, _, digest = value.partition(":")
+    if not seq.isdigit() or len(digest) != 64:
+        raise click.BadParameter(f"{value!r} is not SEQ:HASH as printed by an earlier audit verify")
+    return int(seq), digest
+
+
 @audit.command("verify")
+@click.option("--expect-head", callback=_head, metavar="SEQ:HASH",
+              help="A head printed by an earlier verify and kept elsewhere: the chain must still hold it.")  # fmt: skip
 @_common_options
-def audit_verify(settings: Settings) -> None:
+def audit_verify(expect_head: tuple[int, str] | None, settings: Settings) -> None:
     """Check the receipt chain: any edited, deleted, inserted or reordered receipt is reported
-    (exit 1). A cut-off tail is only visible against a head recorded elsewhere (printed here)."""
+    (exit 1). A cut-off tail is visible only against a head recorded elsewhere: keep the printed
+    SEQ:HASH and pass it back with --expect-head."""
     log = Warehouse(settings).audit
-    report = log.verify()
+    report = log.verify(expect_head=expect_head)
     seq, digest = log.head()
     for problem in report.problems:
         click.echo(problem, err=True)
-    click.echo(f"{report.receipts} receipts, {'intact' if report.ok else 'TAMPERED'}; head seq {seq} hash {digest}")
+    click.echo(f"{report.receipts} receipts, {'intact' if report.ok else 'TAMPERED'}; head {seq}:{digest}")
     if not report.ok:
         sys.exit(1)
 

@@ -81,6 +81,7 @@ Caller = Annotated[Identity, Depends(_caller)]
 def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_mcp: bool = True) -> FastAPI:
     """The FastAPI app over one warehouse; ``with_mcp`` mounts the MCP server at ``/mcp``."""
     warehouse = warehouse or Warehouse(settings)
+    warehouse.policy  # noqa: B018 -- a stored policy that does not load is refused before serving
     authenticator = Authenticator(settings.auth, ApiKeys(warehouse.store.db))
     mcp_server = None
     if with_mcp:
@@ -119,7 +120,9 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         table_version = warehouse.store.chunks.version
         if policy is None:
             raise PolicyError("no policy is in force: install one (ragwarden policy install) before serving")
-        return Readiness(status="ready", policy_version=policy.version, table_version=table_version)
+        return Readiness(
+            status="ready", policy_version=policy.version, table_version=table_version, policy_problem=warehouse.policy_problem
+        )
 
     @app.get("/v1/whoami", response_model=IdentityModel, tags=["identity"])
     def whoami(identity: Caller) -> IdentityModel:

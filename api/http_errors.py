@@ -19,7 +19,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import (
     AuthenticationError,
     ConfigurationError,
-    InvalidPolicyError,
     InvalidRequestError,
     InvalidSourceError,
     NotFoundError,
@@ -40,7 +39,6 @@ STATUS: tuple[tuple[type[RagwardenError], int, str], ...] = (
     (PayloadTooLargeError, 413, "payload_too_large"),
     (InvalidRequestError, 422, "invalid_request"),
     (InvalidSourceError, 422, "invalid_source"),
-    (InvalidPolicyError, 422, "invalid_policy"),
     (PolicyError, 503, "policy_unavailable"),
     (WarehouseError, 503, "warehouse_unavailable"),
     (ConfigurationError, 500, "misconfigured"),

@@ -289,3 +289,4 @@ class Readiness(BaseModel):
     status: str
     policy_version: str | None
     table_version: int
+    policy_problem: str | None = None  # a newer policy did not load; the one named above stays in force

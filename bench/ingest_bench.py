@@ -79,6 +79,21 @@ def _target(name: str, result: float | None, goal: float, *, at_most: bool = Fal
     return {"name": name, "target": f"{'<=' if at_most else '>='} {goal}", "result": result, "met": met}
 
 
+def ingest_targets(rows: dict[str, dict[str, Any]], backends: Sequence[str]) -> list[dict[str, Any]]:
+    """The ingest targets: the governed ingest ratio with PyTorch, and the speed and nDCG loss of
+    the fastest other backend that holds quality (the rest are figures, not targets)."""
+    targets = [_target("ingest_ratio[torch]", rows["torch"]["ingest_ratio"], INGEST_RATIO_TARGET)]
+    faster = [b for b in backends[1:] if rows[b].get("ndcg_loss_vs_torch") is None
+              or rows[b]["ndcg_loss_vs_torch"] <= NDCG_LOSS_TARGET]  # fmt: skip
+    candidates = faster or list(backends[1:])  # none holds quality: the fastest shows the miss
+    if candidates:  # the target is for the faster backend that holds quality; the others are figures
+        best = max(candidates, key=lambda b: rows[b]["bare_speedup_vs_torch"])
+        targets.append(_target(f"bare_speedup_vs_torch[{best}]", rows[best]["bare_speedup_vs_torch"], SPEEDUP_TARGET))
+        loss = rows[best].get("ndcg_loss_vs_torch")
+        targets.append(_target(f"ndcg_loss_vs_torch[{best}]", loss, NDCG_LOSS_TARGET, at_most=True))
+    return targets
+
+
 def run_ingest_bench(
     *,
     data_dir: Path | None = None,
@@ -164,13 +179,7 @@ def run_ingest_bench(
         figures.update(documents=documents, chunks=len(texts), ndcg_queries=len(qrels))
 
     rows = figures["backends"]
-    targets = [_target("ingest_ratio[torch]", rows["torch"]["ingest_ratio"], INGEST_RATIO_TARGET)]
-    for backend in backends[1:]:
-        speedup = rows[backend]["bare_speedup_vs_torch"]
-        targets.append(_target(f"bare_speedup_vs_torch[{backend}]", speedup, SPEEDUP_TARGET))
-        loss = rows[backend].get("ndcg_loss_vs_torch")
-        targets.append(_target(f"ndcg_loss_vs_torch[{backend}]", loss, NDCG_LOSS_TARGET, at_most=True))
-    figures["targets"] = targets
+    figures["targets"] = ingest_targets(rows, backends)
     return figures
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..commit_retry import is_commit_conflict
 from ..errors import ConfigurationError, InvalidRequestError, WarehouseError
 from .sql import sql_list, sql_string
 
@@ -303,11 +304,6 @@ def _timestamp_literal(moment: object, what: str) -> str:
     return f"TIMESTAMP '{utc.year:04d}-{utc.strftime('%m-%dT%H:%M:%S.%f')}Z'"
 
 
-def _is_commit_conflict(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return "conflict" in text or "concurrent" in text
-
-
 class AuditLog:
     """The ``audit`` table: append receipts, verify the chain, find receipts by what they touched.
 
@@ -447,7 +443,7 @@ class AuditLog:
             try:
                 result = self._table.merge_insert("seq").when_not_matched_insert_all().execute(data)
             except Exception as exc:
-                if not _is_commit_conflict(exc):
+                if not is_commit_conflict(exc):
                     raise WarehouseError(f"the audit receipt could not be written: {exc}") from exc
             else:
                 if result.num_inserted_rows == 1:
@@ -471,9 +467,10 @@ class AuditLog:
 
     # -- verifying ------------------------------------------------------------------------
 
-    def verify(self) -> ChainReport:
+    def verify(self, *, expect_head: tuple[int, str] | None = None) -> ChainReport:
         """Recompute every hash and link; report each receipt that is edited, missing, extra or
-        out of place. A tail cut off the end is not visible here (see the module docstring)."""
+        out of place. A tail cut off the end is visible only against ``expect_head``, a (seq, hash)
+        recorded elsewhere earlier: the chain must still hold that receipt, unchanged."""
         problems: list[str] = []
         key_problem = self._key_problem()
         if key_problem:
@@ -503,6 +500,14 @@ class AuditLog:
                 else:
                     problems.append(f"seq {seq}: prev_hash is not the hash of the receipt before it (seq {prev_seq})")
             expected_seq, expected_prev, prev_seq = seq + 1, row["hash"], seq
+        if expect_head is not None:
+            seq, digest = expect_head
+            held = [row["hash"] for row in rows if row["seq"] == seq]
+            if not held:
+                problems.append(f"seq {seq}: the recorded head is gone (the chain ends at seq {prev_seq or 0}; "
+                                "receipts were dropped from the end)")  # fmt: skip
+            elif digest not in held:
+                problems.append(f"seq {seq}: its hash is not the recorded head's (the chain was rewritten)")
         return ChainReport(ok=not problems, receipts=len(rows), problems=tuple(problems))
 
     # -- querying -------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def iter_sources(
         if not path.exists():
             yield Rejected(source=str(path), reason="no such file or folder")
         elif path.is_file() and _is_jsonl(path):
-            yield from read_jsonl(path)
+            yield from read_jsonl(path, max_line_bytes=max_bytes)
         else:
             files.append(path)
     if files:

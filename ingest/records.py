@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..errors import InvalidSourceError
 from ..governance.tags import GovernanceTags
 
 MAX_ID_LENGTH = 512
+MAX_LINE_BYTES = 20 * 1024 * 1024
 RECORD_FIELDS = frozenset({"id", "text", "tenant", "acl", "labels", "classification", "uri", "metadata"})
 
 
@@ -129,28 +131,46 @@ def build_record(
     )
 
 
-def read_jsonl(path: Path) -> Iterator[Outcome]:
-    """Records of a JSONL file (``.jsonl`` or ``.jsonl.gz``), one outcome per non-blank line."""
+def read_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Outcome]:
+    """Records of a JSONL file (``.jsonl`` or ``.jsonl.gz``), one outcome per non-blank line. A
+    line over ``max_line_bytes`` is refused without being held in memory; a damaged gzip stream
+    refuses the rest of the file, naming the line where it broke."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            origin = f"{path}:{number}"
-            if not raw.strip():
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield Rejected(source=origin, reason=f"invalid UTF-8 at byte {exc.start}")
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield Rejected(source=origin, reason=f"not valid JSON ({exc.msg} at column {exc.colno})")
-                continue
-            if not isinstance(obj, dict):
-                yield Rejected(source=origin, reason=f"a record must be a JSON object, not {type(obj).__name__}")
-                continue
-            yield from record_outcome(obj, origin)
+    number = 0
+    try:
+        with opener(path, "rb") as handle:
+            while raw := handle.readline(max_line_bytes + 1):
+                number += 1
+                origin = f"{path}:{number}"
+                if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                    while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+                        pass
+                    yield Rejected(source=origin, reason=f"the line is over the limit of {max_line_bytes} bytes")
+                    continue
+                if raw.strip():
+                    yield from _line_outcome(raw, origin)
+    except (OSError, EOFError, zlib.error) as exc:
+        yield Rejected(source=f"{path}:{number + 1}", reason=f"the file cannot be read from here on ({exc})")
+
+
+def _line_outcome(raw: bytes, origin: str) -> Iterator[Outcome]:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        yield Rejected(source=origin, reason=f"invalid UTF-8 at byte {exc.start}")
+        return
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        yield Rejected(source=origin, reason=f"not valid JSON ({exc.msg} at column {exc.colno})")
+        return
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, nesting too deep
+        yield Rejected(source=origin, reason=f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})")
+        return
+    if not isinstance(obj, dict):
+        yield Rejected(source=origin, reason=f"a record must be a JSON object, not {type(obj).__name__}")
+        return
+    yield from record_outcome(obj, origin)
 
 
 def record_outcome(obj: Mapping[str, Any], origin: str) -> Iterator[Outcome]:

@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,11 +19,11 @@ from lancedb.query import MatchQuery
 from ..embedder import Embedder
 from ..errors import InvalidRequestError
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
-from ..governance.policy import Policy
+from ..governance.policy import Decision, Policy
 from ..governance.tags import Classification, principal_problem, tenant_problem
 from ..governance.visibility import check_row
 from ..indexing import has_vector_index, vector_index_partitions
-from ..store import Store
+from ..store import Registries, Store
 from .fusion import reciprocal_rank_fusion
 from .hits import Hit
 from .visible_rows import VisibleRowCache, VisibleRows
@@ -72,6 +72,44 @@ class FilterCache:
         return value
 
 
+class DecisionMemo:
+    """Post-check decisions by (policy version, subject, tenant) and a row's tags: a decision is a
+    pure function of those and the clause registry, so rows tagged alike are decided once. A memo
+    is kept only with the very registry object it was decided against (a new registry version is a
+    new object, and empties it)."""
+
+    def __init__(self, size: int = 1024, per_caller: int = 4096) -> None:
+        self._size, self._per_caller = size, per_caller
+        self._items: OrderedDict[tuple[str, str, str], tuple[object, dict[tuple[Any, ...], Decision]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(
+        self, policy: Policy, subject: str, tenant: str, row: Mapping[str, Any], registry: Mapping[str, Sequence[str]]
+    ) -> Decision:
+        """``check_row``'s decision, remembered for rows tagged alike."""
+        try:
+            lists = tuple(tuple(row[c]) for c in ("acl_allow", "acl_deny", "acl_clauses", "labels"))
+            tags = (row["tenant"], *lists, row["classification"])
+            hash(tags)
+        except (KeyError, TypeError):
+            return check_row(policy, subject, tenant, row, registry)  # not memoisable: decided (and refused) afresh
+        key = (policy.version, subject, tenant)
+        with self._lock:
+            held = self._items.get(key)
+            if held is None or held[0] is not registry:
+                held = (registry, {})
+                self._items[key] = held
+                while len(self._items) > self._size:
+                    self._items.popitem(last=False)
+            decision = held[1].get(tags)
+        if decision is None:
+            decision = check_row(policy, subject, tenant, row, registry)
+            with self._lock:
+                if len(held[1]) < self._per_caller:
+                    held[1][tags] = decision
+        return decision
+
+
 def validate_request(query: str, subject: str, tenant: str, k: int, mode: str) -> None:
     """Refuse malformed arguments, naming the one at fault."""
     if not isinstance(query, str) or not query.strip():
@@ -115,15 +153,17 @@ class Searcher:
         self.flat_max_rows = flat_max_rows
         self.visible = VisibleRowCache(flat_cache_bytes)
         self.filters = FilterCache()
+        self.decisions = DecisionMemo()
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._indexed: tuple[int, bool] = (-1, False)
 
-    def _filter(self, kind: str, policy: Policy, subject: str, tenant: str) -> str:
-        key = (kind, subject, tenant, policy.version, self.store.registry_version())
+    def _filter(self, kind: str, policy: Policy, subject: str, tenant: str, registries: Registries | None) -> str:
+        registries = registries or self.store.registries()
+        key = (kind, subject, tenant, policy.version, registries.version)
 
         def build() -> str:
             view = SubjectView.of(policy, subject, tenant)
-            clauses = self.store.clause_registry()
+            clauses = registries.clauses
             if kind == "exact":
                 return compile_filter(view, view.satisfied_clauses(clauses))
             return compile_prefilter(view, clauses, self.store.label_registry())
@@ -132,11 +172,12 @@ class Searcher:
 
     def compiled_filter(self, policy: Policy, subject: str, tenant: str) -> str:
         """The exact filter (every term evaluated on every row): for counts and the fallback."""
-        return self._filter("exact", policy, subject, tenant)
+        return self._filter("exact", policy, subject, tenant, None)
 
-    def prefilter(self, policy: Policy, subject: str, tenant: str) -> str:
-        """The index-served filter searches run under (see ``compile_prefilter``)."""
-        return self._filter("indexed", policy, subject, tenant)
+    def prefilter(self, policy: Policy, subject: str, tenant: str, registries: Registries | None = None) -> str:
+        """The index-served filter searches run under (see ``compile_prefilter``), compiled against
+        ``registries`` (read afresh when not given)."""
+        return self._filter("indexed", policy, subject, tenant, registries)
 
     def search(
         self,
@@ -158,9 +199,10 @@ class Searcher:
         query_vector = self.query_vector(query, vector) if mode != "fts" else None
         if policy is None:
             return [], 0  # no policy at all: nothing is visible
-        where = self.prefilter(policy, subject, tenant)
+        registries = self.store.registries()
+        where = self.prefilter(policy, subject, tenant, registries)
         ranked, version = self.rank(query, query_vector, where, k, mode)
-        hits, withheld = self.post_check(ranked, policy, subject, tenant, version)
+        hits, withheld = self.post_check(ranked, policy, subject, tenant, version, registries.clauses)
         if withheld:  # a row the registries did not know passed the indexed filter: ask again, exactly
             ranked, version = self.rank(query, query_vector, self.compiled_filter(policy, subject, tenant), k, mode)
             hits, _ = self.post_check(ranked, policy, subject, tenant, version)
@@ -285,14 +327,21 @@ class Searcher:
         return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]
 
     def post_check(
-        self, ranked: list[tuple[dict[str, Any], float]], policy: Policy, subject: str, tenant: str, version: int
+        self,
+        ranked: list[tuple[dict[str, Any], float]],
+        policy: Policy,
+        subject: str,
+        tenant: str,
+        version: int,
+        clauses: Mapping[str, Sequence[str]] | None = None,
     ) -> tuple[list[Hit], int]:
-        """Every candidate re-checked by the enforcer: the hits, and how many it withheld."""
-        registry = self.store.clause_registry()
+        """Every candidate re-checked by the enforcer (against ``clauses``, the clause registry the
+        filter was compiled with, else the current one): the hits, and how many it withheld."""
+        registry = self.store.clause_registry() if clauses is None else clauses
         hits: list[Hit] = []
         withheld = 0
         for row, score in ranked:
-            decision = check_row(policy, subject, tenant, row, registry)
+            decision = self.decisions.check(policy, subject, tenant, row, registry)
             if not decision.allowed:
                 log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
                 withheld += 1

@@ -1,17 +1,24 @@
-"""Shared fixtures, named for the state they hand over."""
+"""Shared fixtures, named for the state they hand over: warehouses, credentials, live servers."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import jwt
 import pytest
 from support.demo_world import demo_world
+from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
+from support.live_server import serving
 
-from ragwarden.config import Settings
+from ragwarden.api.http import create_app
+from ragwarden.config import AuthSettings, Settings
 from ragwarden.embedder import Embedder
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
@@ -76,3 +83,105 @@ def make_record() -> Callable[..., dict[str, Any]]:
         return record
 
     return build
+
+
+# ---------------------------------------------------------------- credentials and services
+
+@pytest.fixture(scope="session")
+def auth_settings() -> AuthSettings:
+    """HS256 tokens from the test identity provider."""
+    return AuthSettings(jwt_secret=JWT_SECRET, issuer=ISSUER, audience=AUDIENCE)
+
+
+@pytest.fixture(scope="session")
+def mint() -> Callable[..., str]:
+    """Mint a token: mint("alice", tenant="acme", act="agent:x", exp=..., key=..., algorithm=...);
+    any other keyword overrides or (as None) removes a claim."""
+
+    def build(sub: str, *, tenant: str = "acme", act: str | None = None, key: Any = JWT_SECRET,
+              algorithm: str = "HS256", headers: dict[str, Any] | None = None, **claims: Any) -> str:
+        now = int(time.time())
+        payload: dict[str, Any] = {"sub": sub, "tenant": tenant, "iss": ISSUER, "aud": AUDIENCE,
+                                   "iat": now, "nbf": now, "exp": now + 600}
+        if act:
+            payload["act"] = {"sub": act}
+        for name, value in claims.items():
+            if value is None:
+                payload.pop(name, None)
+            else:
+                payload[name] = value
+        return jwt.encode(payload, key, algorithm=algorithm, headers=headers)
+
+    return build  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def demo_service_url(demo_warehouse: Warehouse, auth_settings: AuthSettings) -> Iterator[str]:
+    """The demo warehouse served over HTTP (API and MCP) on 127.0.0.1, for the whole run."""
+    settings = Settings(warehouse=demo_warehouse.uri, auth=auth_settings)
+    with serving(create_app(settings, warehouse=demo_warehouse)) as url:
+        yield url
+
+
+@pytest.fixture
+def as_user(demo_service_url: str, mint: Callable[..., str]) -> Iterator[Callable[..., httpx.Client]]:
+    """An HTTP client for a demo user: as_user("alice"), as_user("carol", act="agent:notes")."""
+    clients: list[httpx.Client] = []
+
+    def client(sub: str, **token_claims: Any) -> httpx.Client:
+        made = httpx.Client(base_url=demo_service_url, headers={"Authorization": f"Bearer {mint(sub, **token_claims)}"}, timeout=60)
+        clients.append(made)
+        return made
+
+    yield client
+    for made in clients:
+        made.close()
+
+
+# ---------------------------------------------------------------- fresh warehouses and servers for writes
+
+SMALL_CORPUS: list[dict[str, Any]] = [
+    {"id": "acme-memo", "text": "The cafeteria menu changes on Mondays; soup is served daily.", "tenant": "acme",
+     "acl": {"allow": ["everyone"], "deny": []}, "labels": [], "classification": "public", "uri": "test://acme/memo"},
+    {"id": "acme-budget", "text": "The quarterly budget review moves to Thursday; forecasts are due Wednesday.",
+     "tenant": "acme", "acl": {"allow": ["group:finance"], "deny": []}, "labels": ["finance"],
+     "classification": "confidential", "uri": "test://acme/budget"},
+    {"id": "globex-plan", "text": "Globex plans a new warehouse in Springfield for its widget line.", "tenant": "globex",
+     "acl": {"allow": ["group:staff"], "deny": []}, "labels": [], "classification": "internal",
+     "uri": "test://globex/plan"},
+]  # fmt: skip
+
+
+@pytest.fixture
+def small_warehouse(demo_policy_warehouse: Warehouse) -> Warehouse:
+    """A fresh warehouse under the demo policy holding SMALL_CORPUS (two acme documents, one globex)."""
+    report = demo_policy_warehouse.ingest_records(SMALL_CORPUS)
+    assert report.ok, report.rejected
+    return demo_policy_warehouse
+
+
+@pytest.fixture
+def serve(auth_settings: AuthSettings) -> Iterator[Callable[..., str]]:
+    """Serve a warehouse's API (no MCP) on 127.0.0.1 until the test ends: serve(warehouse, max_body_bytes=...);
+    ``auth`` replaces the HS256 test settings, ``configure`` gets the app before it starts."""
+    with contextlib.ExitStack() as stack:
+
+        def start(warehouse: Warehouse, *, auth: AuthSettings | None = None,
+                  configure: Callable[[Any], None] | None = None, **settings: Any) -> str:
+            app = create_app(Settings(warehouse=warehouse.uri, auth=auth or auth_settings, **settings),
+                             warehouse=warehouse, with_mcp=False)
+            if configure is not None:
+                configure(app)
+            return stack.enter_context(serving(app))
+
+        yield start  # fmt: skip
+
+
+@pytest.fixture
+def bearer(mint: Callable[..., str]) -> Callable[..., dict[str, str]]:
+    """Authorization headers for a demo user: bearer("admin"), bearer("alice", tenant="globex")."""
+
+    def headers(sub: str, **token_claims: Any) -> dict[str, str]:
+        return {"Authorization": f"Bearer {mint(sub, **token_claims)}"}
+
+    return headers

@@ -606,3 +606,17 @@ def test_search_arguments_out_of_range_are_422_naming_the_field(as_user, body, f
 def test_the_largest_allowed_search_arguments_are_served(as_user):
     response = as_user("dave").post("/v1/search", json={"query": "q" * 8192, "k": 1000})
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("agent", ["agent:notes", "user:admin"])
+def test_an_agent_reads_and_explains_chunks_exactly_as_its_user(as_user, demo_warehouse, agent):
+    chunk_ids = sorted(demo_warehouse.store.chunk_ids_of_documents(
+        row["doc_id"] for row in demo_warehouse.store.sources.to_arrow().to_pylist()))[:40]  # fmt: skip
+    for user in ("dave", "carol"):
+        person, acting = as_user(user), as_user(user, act=agent)
+        for chunk_id in chunk_ids:
+            path = f"/v1/chunks/{chunk_id}"
+            own, acted = person.get(path), acting.get(path)
+            assert (acted.status_code, acted.json()) == (own.status_code, own.json()), (user, chunk_id)
+            own_why, acted_why = person.get(path + "/explain"), acting.get(path + "/explain")
+            assert (acted_why.status_code, acted_why.json()) == (own_why.status_code, own_why.json())

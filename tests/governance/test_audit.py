@@ -283,6 +283,19 @@ def test_truncated_tail_is_not_detectable_by_the_chain_alone(
     assert log.head() == (3, stored[2].hash) != anchor
 
 
+def test_a_truncated_tail_is_caught_against_a_head_recorded_earlier(
+    five: tuple[AuditLog, list[StoredReceipt]], db: Any
+) -> None:
+    log, stored = five
+    anchor = log.head()
+    assert log.verify(expect_head=anchor).ok
+    db.open_table(AUDIT).delete("seq >= 4")
+    assert log.verify(expect_head=anchor).problems == (
+        "seq 5: the recorded head is gone (the chain ends at seq 3; receipts were dropped from the end)",
+    )
+    assert not log.verify(expect_head=(2, "0" * 64)).ok  # a head whose receipt was rewritten
+
+
 def test_hmac_key_detects_a_rewrite_that_recomputes_plain_sha256_hashes(
     db: Any, receipt: Callable[..., Receipt]
 ) -> None:

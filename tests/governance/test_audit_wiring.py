@@ -47,11 +47,18 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
     args = ["--warehouse", audited_warehouse.uri]
     verified = runner.invoke(main, ["audit", "verify", *args])
     assert verified.exit_code == 0 and "3 receipts, intact" in verified.stdout
+    head = verified.stdout.split("head ")[-1].strip()
+    assert runner.invoke(main, ["audit", "verify", "--expect-head", head, *args]).exit_code == 0
+    bad = runner.invoke(main, ["audit", "verify", "--expect-head", "3:nothex", *args])
+    assert bad.exit_code == 2 and "SEQ:HASH" in bad.output
     found = runner.invoke(main, ["audit", "query", "--label", "finance", *args])
     assert [json.loads(line)["subject"] for line in found.stdout.splitlines()] == ["user:alice"]
     audited_warehouse.audit._table.update(where="seq = 2", values={"subject": "user:mallory"})
     tampered = runner.invoke(main, ["audit", "verify", *args])
     assert tampered.exit_code == 1 and "seq 2" in tampered.stderr
+    audited_warehouse.audit._table.delete("seq = 3")
+    dropped = runner.invoke(main, ["audit", "verify", "--expect-head", head, *args])
+    assert dropped.exit_code == 1 and "the recorded head is gone" in dropped.stderr
 
 
 def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):

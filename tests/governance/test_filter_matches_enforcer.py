@@ -11,19 +11,20 @@ not the Policy) calls visible.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lancedb
 import pyarrow as pa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.oracle import oracle_principals, oracle_visible
 from support.policy_worlds import World, hostile_worlds
 
 from ragwarden.governance.compiler import SubjectView, compile_filter
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.propagation import propagate
-from ragwarden.governance.tags import EVERYONE, Classification, GovernanceTags
+from ragwarden.governance.tags import EVERYONE, GovernanceTags
 from ragwarden.governance.visibility import check_row
 from ragwarden.schema import chunks_schema
 
@@ -88,56 +89,6 @@ def scenarios(draw: st.DrawFn) -> tuple[World, list[tuple[GovernanceTags, bool]]
         )
     )
     return world, rows, subjects
-
-
-# -- the oracle: DESIGN §4 in plain Python, over the generated rules --------------------------
-
-
-def oracle_principals(world: World, subject: str, tenant: str) -> set[str]:
-    """{S, everyone} and every group S holds in T, transitively."""
-    held = {subject, EVERYONE}
-    frontier = [subject]
-    while frontier:
-        member = frontier.pop()
-        for who, group, where in world.memberships:
-            if where == tenant and who == member and group not in held:
-                held.add(group)
-                frontier.append(group)
-    return held
-
-
-def oracle_grants(world: World, held: set[str], tenant: str, obj: str) -> bool:
-    """Some allow rule for a held principal (everyone included), and no deny rule for one."""
-    effects = {
-        effect for who, where, what, effect in world.permissions if where == tenant and what == obj and who in held
-    }
-    return "allow" in effects and "deny" not in effects
-
-
-def oracle_visible(
-    world: World, subject: str, tenant: str, rows: Iterable[Mapping[str, Any]], registry: Mapping[str, Sequence[str]]
-) -> set[str]:
-    held = oracle_principals(world, subject, tenant)
-    levels = [level for level in Classification if oracle_grants(world, held, tenant, f"classification:{level.label}")]
-    clearance = max(levels, default=Classification.PUBLIC)
-    visible = set()
-    for row in rows:
-        if row["tenant"] != tenant:
-            continue
-        if not held & set(row["acl_allow"]):
-            continue
-        if not row["acl_clauses"] or not all(
-            token in registry and held & set(registry[token]) for token in row["acl_clauses"]
-        ):
-            continue
-        if held & set(row["acl_deny"]):
-            continue
-        if not all(oracle_grants(world, held, tenant, f"label:{label}") for label in row["labels"]):
-            continue
-        if row["classification"] > clearance:
-            continue
-        visible.add(row["chunk_id"])
-    return visible
 
 
 # -- the property ---------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""Commits that lose a race to another writer are tried again.
+
+Lance detects a conflicting concurrent commit and refuses it; every write of the warehouse is
+idempotent (rows are merged on their ids, compaction and index builds converge), so trying again
+after a short random pause is safe. A conflict that outlasts every attempt is a ``WarehouseError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from .errors import WarehouseError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+ATTEMPTS = 10
+FIRST_PAUSE_SECONDS = 0.02
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is Lance refusing a commit because another writer committed first."""
+    text = str(exc).lower()
+    return "conflict" in text or "concurrent" in text or "preempted" in text
+
+
+def retrying_conflicts(action: Callable[[], T], *, what: str, attempts: int = ATTEMPTS) -> T:
+    """``action()``, run again (after a random pause that doubles each time) while it loses commit races."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as exc:
+            if not is_commit_conflict(exc):
+                raise
+            if attempt == attempts:
+                raise WarehouseError(
+                    f"{what} lost {attempts} commit races in a row to concurrent writers; try again later"
+                ) from exc
+            log.info("%s lost a commit race (attempt %d), trying again: %s", what, attempt, str(exc).splitlines()[0])
+            time.sleep(random.uniform(0, FIRST_PAUSE_SECONDS * 2 ** (attempt - 1)))
+    raise AssertionError("unreachable")

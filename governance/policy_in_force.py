@@ -1,0 +1,67 @@
+"""The policy a process serves under, kept at its last good version.
+
+The policy's source (a file, or the warehouse's installed policy) is re-read whenever its stamp
+changes (file size and time, or table version). Text that does not load never replaces a policy in
+force: the last good one stays, the problem is logged and reported, and nothing falls open. Only
+when there has never been a good policy in this process does the error reach the caller, which
+refuses to serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+from ..errors import PolicyError
+from .policy import Policy
+
+log = logging.getLogger(__name__)
+
+
+class PolicyInForce:
+    """``current()``: the policy to decide with; ``problem``: why a newer one was not taken, if so."""
+
+    def __init__(self, *, load: Callable[[], Policy | None], stamp: Callable[[], Hashable]) -> None:
+        self._load = load
+        self._stamp = stamp
+        self._lock = threading.Lock()
+        self._seen: Hashable = object()
+        self._good: tuple[Policy | None] | None = None  # None until a policy (or its absence) loaded
+        self.problem: str | None = None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> PolicyInForce:
+        """A policy file, re-read when it is replaced or edited."""
+        file = Path(path)
+
+        def stamp() -> Hashable:
+            try:
+                status = file.stat()
+            except OSError:
+                return None
+            return (status.st_ino, status.st_size, status.st_mtime_ns)
+
+        return cls(load=lambda: Policy.from_file(file), stamp=stamp)
+
+    def current(self) -> Policy | None:
+        """The policy in force; raises ``PolicyError`` only if none ever loaded."""
+        stamp = self._stamp()
+        with self._lock:
+            if stamp == self._seen and self._good is not None:
+                return self._good[0]
+            try:
+                policy = self._load()
+            except PolicyError as exc:
+                if self._good is None:
+                    raise
+                last = self._good[0]
+                problem = f"{exc}; still serving policy {last.version if last else '(none)'}"
+                if problem != self.problem:
+                    log.error("the policy did not load, the last good one stays in force: %s", problem)
+                self.problem, self._seen = problem, stamp
+                return last
+            self._good, self._seen, self.problem = (policy,), stamp, None
+            return policy

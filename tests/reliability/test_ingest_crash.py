@@ -1,0 +1,113 @@
+"""Ingest killed with SIGKILL at seeded random points: afterwards every document is wholly present
+with its tags or absent, no chunk id is duplicated, nothing untagged is visible, and running the
+same ingest again completes the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.warehouse_workers import document
+
+from ragwarden.config import Settings
+from ragwarden.embedder import Embedder
+from ragwarden.policies import policy_file
+from ragwarden.schema import TAG_COLUMNS
+from ragwarden.warehouse import Warehouse
+
+RUNS = 20
+DOCUMENTS = 12
+BATCH_DOCS = 2  # a commit every two documents: many points to die between
+KILLED_INGEST = textwrap.dedent("""
+    import sys
+    from ragwarden.config import Settings
+    from ragwarden.warehouse import Warehouse
+    warehouse = Warehouse(Settings(warehouse=sys.argv[1], write_batch_docs=int(sys.argv[3])))
+    print("ready", flush=True)
+    warehouse.ingest(sys.argv[2])
+    print("done", flush=True)
+""")
+
+
+def _state(warehouse: Warehouse) -> dict[str, Any]:
+    """Chunk ids, and each document's chunks with their tags, as stored."""
+    rows = warehouse.store.chunks.search().select(["chunk_id", "doc_id", *TAG_COLUMNS]).limit(None).to_list()
+    documents: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        documents.setdefault(row["doc_id"], {})[row["chunk_id"]] = {c: row[c] for c in TAG_COLUMNS}
+    return {"ids": [row["chunk_id"] for row in rows], "documents": documents}
+
+
+@pytest.fixture(scope="module")
+def crash_input(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> dict[str, Any]:
+    """The JSONL to ingest, an empty warehouse under the demo policy to copy, and the state a
+    complete ingest leaves (with how long it takes)."""
+    folder = tmp_path_factory.mktemp("crash")
+    corpus = folder / "corpus.jsonl"
+    records = [document(f"doc-{i}", 0) | {"acl": {"allow": ["group:finance"] if i % 2 else ["group:staff"]}}
+               for i in range(DOCUMENTS)]  # fmt: skip
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    empty = folder / "empty"
+    Warehouse(Settings(warehouse=str(empty)), embedder=embedder).install_policy(policy_file("demo.csv"))
+    shutil.copytree(empty, folder / "complete")
+    complete = Warehouse(Settings(warehouse=str(folder / "complete"), write_batch_docs=BATCH_DOCS), embedder=embedder)
+    started = time.perf_counter()
+    assert complete.ingest(corpus).ok
+    return {"corpus": corpus, "empty": empty, "seconds": time.perf_counter() - started, "complete": _state(complete)}
+
+
+def _kill_during_ingest(uri: str, corpus: Path, delay: float) -> bool:
+    """Start an ingest process, SIGKILL it ``delay`` seconds after it is ready; whether it died first."""
+    process = subprocess.Popen([sys.executable, "-c", KILLED_INGEST, uri, str(corpus), str(BATCH_DOCS)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    assert process.stdout is not None
+    with process.stdout:
+        assert process.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(60)
+    return process.returncode == -signal.SIGKILL
+
+
+killed: list[bool] = []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(RUNS))
+def test_an_ingest_killed_at_a_random_point_leaves_whole_documents_and_a_rerun_completes(
+    crash_input: dict[str, Any], embedder: Embedder, tmp_path: Path, seed: int
+):
+    uri = str(tmp_path / "warehouse")
+    shutil.copytree(crash_input["empty"], uri)
+    delay = random.Random(seed).uniform(0, crash_input["seconds"] * 1.3)
+    killed.append(_kill_during_ingest(uri, crash_input["corpus"], delay))
+
+    warehouse = Warehouse(Settings(warehouse=uri, write_batch_docs=BATCH_DOCS), embedder=embedder)
+    state, complete = _state(warehouse), crash_input["complete"]
+    assert len(state["ids"]) == len(set(state["ids"])), "a chunk id is duplicated"
+    for doc_id, chunks in state["documents"].items():
+        assert chunks == complete["documents"][doc_id], f"{doc_id} is half written or wrongly tagged"
+    for subject in ("user:dave", "user:frank"):  # staff, not finance: only the even documents, and only whole ones
+        for hit in warehouse.search("ledger budget forecast round", subject=subject, tenant="acme", k=100):
+            assert hit.doc_id in state["documents"] and int(hit.doc_id.split("-")[1]) % 2 == 0, hit.doc_id
+
+    assert warehouse.ingest(crash_input["corpus"]).ok  # the same job again finishes it
+    assert _state(warehouse)["documents"] == complete["documents"]
+
+
+@pytest.mark.slow
+def test_most_seeded_runs_were_killed_mid_ingest_not_after_it():
+    """The kill points fall while the ingest runs: otherwise the runs above prove little."""
+    if len(killed) < RUNS:
+        pytest.skip("runs only after every seeded kill above")
+    assert sum(killed) >= RUNS * 0.7, killed

@@ -1,0 +1,31 @@
+"""The post-check's memo decides exactly as the enforcer does, and never past a registry change."""
+
+from __future__ import annotations
+
+from ragwarden.governance.visibility import check_row
+from ragwarden.retrieval.search import DecisionMemo
+from ragwarden.warehouse import Warehouse
+
+SUBJECTS = ("user:alice", "user:bob", "user:carol", "user:dave", "user:erin")
+
+
+def test_the_memo_decides_every_row_as_the_enforcer_does(demo_warehouse: Warehouse, demo_rows: list[dict]):
+    memo, policy, registry = DecisionMemo(), demo_warehouse.policy, demo_warehouse.store.clause_registry()
+    for _ in range(2):  # the second pass is answered from the memo
+        for subject in SUBJECTS:
+            for tenant in ("acme", "globex"):
+                for row in demo_rows:
+                    assert memo.check(policy, subject, tenant, row, registry) == check_row(policy, subject, tenant, row, registry)
+
+
+def test_a_new_registry_is_decided_afresh_and_an_unknown_clause_is_refused(demo_warehouse: Warehouse, demo_rows: list[dict]):
+    memo, policy, registry = DecisionMemo(), demo_warehouse.policy, demo_warehouse.store.clause_registry()
+    row = next(r for r in demo_rows if check_row(policy, "user:alice", "acme", r, registry).allowed)
+    assert memo.check(policy, "user:alice", "acme", row, registry).allowed
+    assert not memo.check(policy, "user:alice", "acme", row, {}).allowed  # the token is unknown to this registry
+
+
+def test_a_row_that_cannot_be_evaluated_is_refused_not_memoised(demo_warehouse: Warehouse, demo_rows: list[dict]):
+    memo, policy, registry = DecisionMemo(), demo_warehouse.policy, demo_warehouse.store.clause_registry()
+    broken = {**demo_rows[0], "labels": None}
+    assert not memo.check(policy, "user:carol", "acme", broken, registry).allowed
