@@ -620,3 +620,13 @@ def test_an_agent_reads_and_explains_chunks_exactly_as_its_user(as_user, demo_wa
             assert (acted.status_code, acted.json()) == (own.status_code, own.json()), (user, chunk_id)
             own_why, acted_why = person.get(path + "/explain"), acting.get(path + "/explain")
             assert (acted_why.status_code, acted_why.json()) == (own_why.status_code, own_why.json())
+
+
+def test_another_tenants_chunk_reads_byte_for_byte_like_a_missing_one(as_user, demo_warehouse):
+    (public,) = demo_warehouse.store.chunk_ids_of("acme-pub-002")
+    missing = uuid.uuid4().hex
+    assert as_user("dave").get(f"/v1/chunks/{public}").status_code == 200  # readable to everyone in acme
+    erin = as_user("erin", tenant="globex")
+    crossing, absent = erin.get(f"/v1/chunks/{public}"), erin.get(f"/v1/chunks/{missing}")
+    assert crossing.status_code == absent.status_code == 404
+    assert crossing.content.replace(public.encode(), b"ID") == absent.content.replace(missing.encode(), b"ID")

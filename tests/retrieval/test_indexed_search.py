@@ -7,6 +7,8 @@ fallback must catch a row that slipped past it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from support.appended_rows import group_of, new_rows
 
@@ -55,3 +57,30 @@ def test_labels_are_registered_before_rows_carrying_them_are_written(
     append_rows(indexed_warehouse.store, new_rows(small_world, 2, group_of(indexed_warehouse, reader), labels=["fresh"]))
     assert "fresh" in indexed_warehouse.store.label_registry()
     assert indexed_warehouse.store.registry_version() != before  # every cached filter is recompiled
+
+
+def test_an_erased_row_is_gone_from_the_vector_index_and_every_version(indexed_warehouse: Warehouse, small_world: World):
+    reader = small_world.subjects[0.5]
+    victim = new_rows(small_world, 1, group_of(indexed_warehouse, reader), seed=9)
+    append_rows(indexed_warehouse.store, victim)
+    indexed_warehouse.store.optimize(vector_index_min_rows=1_000)  # folded into the vector index
+    for plan in ("index", "flat"):
+        forced = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
+        hits, _ = forced.search("q", policy=indexed_warehouse.policy, subject=reader, tenant=TENANT, k=K, vector=victim.vectors[0])
+        assert hits[0].chunk_id == victim.ids[0]
+    raw = victim.vectors[0].tobytes()
+    folder = indexed_warehouse.store.local_path
+    assert folder is not None
+
+    def files_holding_it() -> list[Path]:
+        return [p for p in folder.rglob("*") if p.is_file() and raw in p.read_bytes()]
+
+    assert files_holding_it(), "positive control: the vector's bytes are on disk before the erasure"
+    indexed_warehouse.store.delete(victim.ids, victim.ids[0])
+    indexed_warehouse.store.purge_history()
+    assert len(indexed_warehouse.store.chunks.list_versions()) == 1
+    for plan in ("index", "flat"):
+        forced = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
+        hits, _ = forced.search("q", policy=indexed_warehouse.policy, subject=reader, tenant=TENANT, k=K, vector=victim.vectors[0])
+        assert victim.ids[0] not in {h.chunk_id for h in hits}
+    assert files_holding_it() == []
