@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,18 +80,27 @@ def _kill_during_ingest(uri: str, corpus: Path, delay: float) -> bool:
     return process.returncode == -signal.SIGKILL
 
 
-killed: list[bool] = []
+@pytest.fixture(scope="module")
+def killed_runs(crash_input: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[str, bool]]:
+    """Every seeded run, two at a time: seed -> (its warehouse, whether the kill came mid-ingest)."""
+    folder = tmp_path_factory.mktemp("killed")
+
+    def run(seed: int) -> tuple[str, bool]:
+        uri = str(folder / f"warehouse-{seed}")
+        shutil.copytree(crash_input["empty"], uri)
+        delay = random.Random(seed).uniform(0, crash_input["seconds"] * 1.3)
+        return uri, _kill_during_ingest(uri, crash_input["corpus"], delay)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(range(RUNS), pool.map(run, range(RUNS)), strict=True))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(RUNS))
 def test_an_ingest_killed_at_a_random_point_leaves_whole_documents_and_a_rerun_completes(
-    crash_input: dict[str, Any], embedder: Embedder, tmp_path: Path, seed: int
+    crash_input: dict[str, Any], killed_runs: dict[int, tuple[str, bool]], embedder: Embedder, seed: int
 ):
-    uri = str(tmp_path / "warehouse")
-    shutil.copytree(crash_input["empty"], uri)
-    delay = random.Random(seed).uniform(0, crash_input["seconds"] * 1.3)
-    killed.append(_kill_during_ingest(uri, crash_input["corpus"], delay))
+    uri, _ = killed_runs[seed]
 
     warehouse = Warehouse(Settings(warehouse=uri, write_batch_docs=BATCH_DOCS), embedder=embedder)
     state, complete = _state(warehouse), crash_input["complete"]
@@ -106,8 +116,7 @@ def test_an_ingest_killed_at_a_random_point_leaves_whole_documents_and_a_rerun_c
 
 
 @pytest.mark.slow
-def test_most_seeded_runs_were_killed_mid_ingest_not_after_it():
+def test_most_seeded_runs_were_killed_mid_ingest_not_after_it(killed_runs: dict[int, tuple[str, bool]]):
     """The kill points fall while the ingest runs: otherwise the runs above prove little."""
-    if len(killed) < RUNS:
-        pytest.skip("runs only after every seeded kill above")
+    killed = [mid for _, mid in killed_runs.values()]
     assert sum(killed) >= RUNS * 0.7, killed
