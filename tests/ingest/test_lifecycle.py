@@ -164,3 +164,16 @@ def test_explain_reads_another_tenants_row_as_missing(lifecycle_warehouse):
     other = lifecycle_warehouse.explain(row, subject="user:erin", tenant="globex", caller="user:erin")
     missing = lifecycle_warehouse.explain("no-such-row", subject="user:erin", tenant="globex", caller="user:erin")
     assert (other.allowed, other.reason, other.steps) == (missing.allowed, missing.reason, missing.steps)
+
+
+def test_a_tenant_admin_syncing_another_tenants_document_meets_not_found_like_an_unknown_id(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    wh.ingest_records([{**doc("globex-only", "Globex board minutes.", ["group:staff"]), "tenant": "globex"}])
+    version, before = wh.store.chunks.version, wh.store.source_tags(["globex-only"])
+    errors = []
+    for doc_id in ("globex-only", "never-ingested"):
+        with pytest.raises(NotFoundError) as caught:
+            wh.sync([doc(doc_id, "", ["everyone"])], subject="user:admin", tenant="acme")
+        errors.append(str(caught.value).replace(doc_id, "ID"))
+    assert errors[0] == errors[1]  # the other tenant's document reads exactly as a missing one
+    assert wh.store.chunks.version == version and wh.store.source_tags(["globex-only"]) == before
