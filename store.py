@@ -58,7 +58,6 @@ class SourceState:
     tags_fingerprint: str
 
 
-_ATTRIBUTES = {CHUNKS: "chunks", SOURCES: "sources", CLAUSES: "clauses", POLICIES: "policies", LABELS: "labels"}
 _LANCE_FAILURES = ("LanceError", "lance error", "External error", "Object at location")
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EROFS, errno.EDQUOT}
 
@@ -82,6 +81,10 @@ def storage_failure(
         f"warehouse {uri!r}: {operation} failed reading or writing its files: {detail}.{named} "
         "Committed versions are untouched: free space or restore the damaged files from a backup, then retry"
     )
+
+
+def _registry_version(clauses: int, labels: int) -> str:
+    return f"{clauses}.{labels}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,10 +153,12 @@ class Store:
         found: list[str] = []
         if self.local_path is None:
             return found
-        for name in (CHUNKS, SOURCES, CLAUSES, POLICIES, LABELS):
+        tables = {CHUNKS: self.chunks, SOURCES: self.sources, CLAUSES: self.clauses, POLICIES: self.policies,
+                  LABELS: self.labels}  # fmt: skip
+        for name, table in tables.items():
             folder = self.local_path / f"{name}.lance" / "data"
             try:
-                fragments = getattr(self, _ATTRIBUTES[name]).to_lance().get_fragments()
+                fragments = table.to_lance().get_fragments()
                 for fragment in fragments:
                     for data in fragment.data_files():
                         path = folder / data.path
@@ -188,7 +193,7 @@ class Store:
     def registries(self) -> Registries:
         """The registries' version and the clause registry, read once for a whole search."""
         clauses, labels = self.clauses.version, self.labels.version
-        return Registries(version=f"{clauses}.{labels}", clauses=self._clauses_at(clauses))
+        return Registries(version=_registry_version(clauses, labels), clauses=self._clauses_at(clauses))
 
     def _clauses_at(self, version: int) -> dict[str, tuple[str, ...]]:
         with self._lock:
@@ -235,7 +240,7 @@ class Store:
 
     def registry_version(self) -> str:
         """Changes whenever a clause token or a label is registered (part of every filter cache key)."""
-        return f"{self.clauses.version}.{self.labels.version}"
+        return _registry_version(self.clauses.version, self.labels.version)
 
     def _labels_in_rows(self) -> set[str]:
         """Labels already on rows of a warehouse written before the label registry existed."""
