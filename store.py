@@ -23,7 +23,7 @@ from lancedb.index import FTS
 from .commit_retry import is_commit_conflict, retrying_conflicts
 from .errors import WarehouseError
 from .governance.policy import Policy
-from .governance.sql import sql_in_list, sql_list, sql_string
+from .governance.sql import sql_documents, sql_in_list, sql_list
 from .governance.tags import GovernanceTags
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
@@ -47,6 +47,11 @@ from .schema import (
     chunks_schema,
 )
 
+DOCUMENT_KEY = ("tenant", "doc_id")
+DocumentKey = tuple[str, str]
+"""(tenant, doc id): a document id names a document only within its tenant, so one tenant's ids
+tell nothing of another's (two tenants may each hold a document ``report-1``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SourceState:
@@ -56,6 +61,10 @@ class SourceState:
     tenant: str
     doc_version: str
     tags_fingerprint: str
+
+    @property
+    def key(self) -> DocumentKey:
+        return (self.tenant, self.doc_id)
 
 
 _LANCE_FAILURES = ("LanceError", "lance error", "External error", "Object at location")
@@ -261,14 +270,30 @@ class Store:
             return []
         return table.search().where(f"{column} IN {sql_in_list(wanted)}").select(columns).limit(None).to_list()
 
-    def source_states(self, doc_ids: Iterable[str]) -> dict[str, SourceState]:
-        fields = list(SourceState.__dataclass_fields__)
-        rows = self._rows_where_in(self.sources, "doc_id", doc_ids, fields)
-        return {row["doc_id"]: SourceState(**{k: row[k] for k in fields}) for row in rows}
+    @staticmethod
+    def _documents_rows(table: Any, keys: Iterable[DocumentKey], columns: list[str]) -> list[dict[str, Any]]:
+        """Rows of the documents ``keys`` (quoted as data); a key holding a NUL matches nothing."""
+        wanted = {(t, d) for t, d in keys if "\x00" not in t and "\x00" not in d}
+        if not wanted:
+            return []
+        return table.search().where(sql_documents(wanted)).select(columns).limit(None).to_list()
 
-    def source_tags(self, doc_ids: Iterable[str]) -> list[GovernanceTags]:
+    def source_states(self, keys: Iterable[DocumentKey]) -> dict[DocumentKey, SourceState]:
+        """The stored state of each document in ``keys`` that exists."""
+        fields = list(SourceState.__dataclass_fields__)
+        rows = self._documents_rows(self.sources, keys, fields)
+        return {(row["tenant"], row["doc_id"]): SourceState(**{k: row[k] for k in fields}) for row in rows}
+
+    def document_tenants(self, doc_id: str) -> list[str]:
+        """The tenants holding a document called ``doc_id`` (a source record or source chunks),
+        for an operator who names no tenant."""
+        sources = self._rows_where_in(self.sources, "doc_id", [doc_id], ["tenant"])
+        chunks = self._rows_where_in(self.chunks, "doc_id", [doc_id], ["tenant", "kind"])
+        return sorted({r["tenant"] for r in sources} | {r["tenant"] for r in chunks if r["kind"] == "chunk"})
+
+    def source_tags(self, keys: Iterable[DocumentKey]) -> list[GovernanceTags]:
         """The current tags of source documents (for lineage summaries)."""
-        rows = self._rows_where_in(self.sources, "doc_id", doc_ids, ["doc_id", *TAG_COLUMNS])
+        rows = self._documents_rows(self.sources, keys, ["doc_id", *TAG_COLUMNS])
         registry = self.clause_registry()
         return [GovernanceTags.from_row(row, registry) for row in rows]
 
@@ -283,19 +308,19 @@ class Store:
         return {row["chunk_id"]: row["vector"] for row in rows}
 
     def replace_documents(
-        self, doc_ids: list[str], chunk_rows: pa.Table, source_rows: pa.Table, *, orphans: Sequence[str] = ()
+        self, keys: list[DocumentKey], chunk_rows: pa.Table, source_rows: pa.Table, *, orphans: Sequence[str] = ()
     ) -> None:
-        """Make ``chunk_rows`` the only chunks of ``doc_ids``, in one commit.
+        """Make ``chunk_rows`` the only chunks of the documents ``keys``, in one commit.
 
         Old chunks of those documents are deleted in the same commit that adds the new ones,
         so a reader sees the old version or the new one, never both or neither. ``chunk_rows``
         may also carry re-tagged derived rows, and ``orphans`` derived rows to delete with them.
         """
         self._register_labels_of(chunk_rows)
-        if doc_ids:
-            gone = f"doc_id IN {sql_in_list(doc_ids)}"
+        if keys:
+            gone = f"kind = 'chunk' AND ({sql_documents(keys)})"
             if orphans:
-                gone += f" OR chunk_id IN {sql_in_list(orphans)}"
+                gone = f"({gone}) OR chunk_id IN {sql_in_list(orphans)}"
             merge = (
                 self.chunks.merge_insert("chunk_id")
                 .when_matched_update_all()
@@ -304,7 +329,7 @@ class Store:
             )
             retrying_conflicts(lambda: merge.execute(chunk_rows), what="writing documents")
         if source_rows.num_rows:
-            sources = self.sources.merge_insert("doc_id").when_matched_update_all().when_not_matched_insert_all()
+            sources = self.sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all().when_not_matched_insert_all()
             retrying_conflicts(lambda: sources.execute(source_rows), what="recording sources")
 
     @property
@@ -316,22 +341,30 @@ class Store:
         wanted = columns or self._columns_but_vector
         return {r["chunk_id"]: r for r in self._rows_where_in(self.chunks, "chunk_id", chunk_ids, wanted)}
 
-    def chunk_ids_of(self, doc_id: str) -> list[str]:
-        return self.chunk_ids_of_documents([doc_id])
+    def chunk_ids_of(self, doc_id: str, tenant: str | None = None) -> list[str]:
+        """The source chunks of document ``doc_id`` in ``tenant`` (None: in any tenant)."""
+        if tenant is not None:
+            return self.chunk_ids_of_documents([(tenant, doc_id)])
+        rows = self._rows_where_in(self.chunks, "doc_id", [doc_id], ["chunk_id", "kind"])
+        return sorted(r["chunk_id"] for r in rows if r["kind"] == "chunk")
 
-    def chunk_ids_of_documents(self, doc_ids: Iterable[str]) -> list[str]:
-        rows = self._rows_where_in(self.chunks, "doc_id", doc_ids, ["chunk_id"])
-        return sorted(r["chunk_id"] for r in rows)
+    def chunk_ids_of_documents(self, keys: Iterable[DocumentKey]) -> list[str]:
+        """The source chunks of the documents ``keys``."""
+        rows = self._documents_rows(self.chunks, keys, ["chunk_id", "kind"])
+        return sorted(r["chunk_id"] for r in rows if r["kind"] == "chunk")
 
     def derived_from(self, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Every row derived, directly or through other derived rows, from ``chunk_ids``."""
+        """Every row derived, directly or through other derived rows, from ``chunk_ids``.
+
+        Source chunks name their document as parent, and a document id may read like a chunk id:
+        only derived rows (never a kind ``chunk`` row) are followed."""
         found: dict[str, dict[str, Any]] = {}
         frontier = sorted(set(chunk_ids))
         columns = self._columns_but_vector
         while frontier:
             rows = (
                 self.chunks.search()
-                .where(f"array_has_any(parents, {sql_list(frontier)})")
+                .where(f"kind != 'chunk' AND array_has_any(parents, {sql_list(frontier)})")
                 .select(columns)
                 .limit(None)
                 .to_list()
@@ -362,18 +395,18 @@ class Store:
                 merge = merge.when_not_matched_by_source_delete(f"chunk_id IN {sql_in_list(delete)}")
             retrying_conflicts(lambda: merge.execute(table), what="updating tags")
         if sources:
-            columns = ["doc_id", "tags_fingerprint", *TAG_COLUMNS]
+            columns = ["doc_id", "tags_fingerprint", *TAG_COLUMNS]  # TAG_COLUMNS holds the tenant
             schema = pa.schema([self.sources.schema.field(c) for c in columns])
             table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in sources], schema=schema)
-            update = self.sources.merge_insert("doc_id").when_matched_update_all()
+            update = self.sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all()
             retrying_conflicts(lambda: update.execute(table), what="updating source tags")
 
-    def delete(self, chunk_ids: Iterable[str], doc_id: str) -> None:
+    def delete(self, chunk_ids: Iterable[str], document: DocumentKey) -> None:
         """Delete rows, then their source record: no row ever outlives the record of where it came from."""
         ids = sorted(set(chunk_ids))
         if ids:
             retrying_conflicts(lambda: self.chunks.delete(f"chunk_id IN {sql_in_list(ids)}"), what="deleting rows")
-        retrying_conflicts(lambda: self.sources.delete(f"doc_id = {sql_string(doc_id)}"), what="deleting a source")
+        retrying_conflicts(lambda: self.sources.delete(sql_documents([document])), what="deleting a source")
 
     def purge_history(self) -> dict[str, int]:
         """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector

@@ -302,7 +302,7 @@ class Warehouse:
                 overlap=self.settings.chunk_overlap,
                 chunk_count=report.chunks,
             )
-            governance = GovernanceSummary.of(self.store.source_tags(report.written), documents=report.documents)
+            governance = GovernanceSummary.of(self.store.source_tags(report.written_documents), documents=report.documents)
             return self._chunks_output(report.chunks, chunking=chunking, embedding=self._embedding, governance=governance)
 
         return self._tracked("ingest", sources, ingest, output)
@@ -462,7 +462,7 @@ class Warehouse:
                 lambda report: self._chunks_output(
                     report.chunks + report.derived,
                     governance=GovernanceSummary.of(
-                        self.store.source_tags(report.documents), documents=len(report.documents), derived_rows=report.derived
+                        self.store.source_tags(report.keys), documents=len(report.documents), derived_rows=report.derived
                     ),
                 ),
             )
@@ -492,6 +492,7 @@ class Warehouse:
         """Erase a document and everything derived from it, and purge it from old versions.
 
         A named ``subject`` needs ``forget`` in ``tenant``; another tenant's document reads as missing.
+        The operator names ``tenant`` when the id is used in more than one.
         """
         # The reason goes into the receipt: refuse one it cannot hold before erasing anything.
         if not isinstance(reason, str) or not reason.strip() or "\x00" in reason:
@@ -500,12 +501,12 @@ class Warehouse:
             )
 
         def run(confined: str | None) -> ForgetReport:
-            if confined is not None:
-                state = self.store.source_states([doc_id]).get(doc_id)
-                if state is None or state.tenant != confined:
-                    raise NotFoundError(f"document {doc_id!r} not found")
+            owner = self._tenant_of_document(doc_id, confined or tenant)
             return self._tracked(
-                "forget", [f"doc:{doc_id}"], lambda: self._lifecycle.forget(doc_id, reason=reason), lambda _: self._chunks_output(0)
+                "forget",
+                [f"doc:{doc_id}"],
+                lambda: self._lifecycle.forget(doc_id, tenant=owner, reason=reason),
+                lambda _: self._chunks_output(0),
             )
 
         return self._governed(
@@ -593,7 +594,7 @@ class Warehouse:
         A named ``caller`` needs ``audit`` in ``tenant``, and another tenant's item reads as missing.
         """
         if caller is None:
-            return self._lineage(item_id, None)
+            return self._lineage(item_id, tenant)
         confined = tenant or ANY_TENANT
         return self._decided(
             "audit",
@@ -603,16 +604,32 @@ class Warehouse:
             lambda found: {"reason": f"lineage of {item_id!r}", "chunk_ids": tuple(found["chunks"])},
         )
 
+    def _tenant_of_document(self, doc_id: str, tenant: str | None) -> str:
+        """The tenant whose document ``doc_id`` is meant: ``tenant`` if named, else the only one
+        holding such an id (the operator's case). Raises when none does, or several do."""
+        if tenant is not None:
+            return tenant
+        holders = self.store.document_tenants(doc_id)
+        if not holders:
+            raise NotFoundError(f"document {doc_id!r} not found")
+        if len(holders) > 1:
+            raise InvalidRequestError(
+                f"document id {doc_id!r} is used in tenants {', '.join(map(repr, holders))}: name the tenant (--tenant)"
+            )
+        return holders[0]
+
     def _lineage(self, item_id: str, tenant: str | None) -> dict[str, Any]:
-        chunk_ids = self.store.chunk_ids_of(item_id)
-        source = self.store.source_states([item_id]).get(item_id)
+        try:
+            owner: str | None = self._tenant_of_document(item_id, tenant)
+        except NotFoundError:
+            owner = None
+        chunk_ids = self.store.chunk_ids_of(item_id, owner) if owner is not None else []
+        source = self.store.source_states([(owner, item_id)]).get((owner, item_id)) if owner is not None else None
         if not chunk_ids and source is None:
             row = self.store.rows([item_id]).get(item_id)
             if row is None or (tenant is not None and row["tenant"] != tenant):
                 raise NotFoundError(f"no document or row {item_id!r}")
             chunk_ids = [item_id]
-        elif tenant is not None and (source is None or source.tenant != tenant):
-            raise NotFoundError(f"no document or row {item_id!r}")
         derived = self.store.derived_from(chunk_ids)
         touched = [*chunk_ids, *derived]
         receipts = {r.seq: r for chunk in touched for r in self.audit.query(chunk_id=chunk)}

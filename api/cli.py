@@ -136,11 +136,12 @@ def sync(file: str, settings: Settings) -> None:
 @main.command()
 @click.argument("doc_id")
 @click.option("--reason", required=True, help="Why (kept in the audit receipt).")
+@click.option("--tenant", help="The document's tenant; needed when several tenants use the id.")
 @_common_options
-def forget(doc_id: str, reason: str, settings: Settings) -> None:
+def forget(doc_id: str, reason: str, tenant: str | None, settings: Settings) -> None:
     """Erase document DOC_ID and every row derived from it, then purge old table versions and
     index files so its text is in no file under the warehouse."""
-    report = Warehouse(settings).forget(doc_id, reason=reason)
+    report = Warehouse(settings).forget(doc_id, reason=reason, tenant=tenant)
     click.echo(
         f"forgot {report.doc_id}: {report.chunks} chunks, {report.derived} derived rows; "
         f"old versions purged: {sum(report.versions_purged.values())}"
@@ -293,11 +294,12 @@ def lineage() -> None:
 
 @lineage.command("show")
 @click.argument("item_id")
+@click.option("--tenant", help="The document's tenant; needed when several tenants use the id.")
 @_common_options
-def lineage_show(item_id: str, settings: Settings) -> None:
+def lineage_show(item_id: str, tenant: str | None, settings: Settings) -> None:
     """Show ITEM_ID's lineage (a document or row id): source -> chunks -> derived rows -> the
     receipts that returned them, as JSON. `ragwarden lineage ID` is the same."""
-    click.echo(json.dumps(Warehouse(settings).lineage(item_id), indent=2, ensure_ascii=False))
+    click.echo(json.dumps(Warehouse(settings).lineage(item_id, tenant=tenant), indent=2, ensure_ascii=False))
 
 
 @lineage.command("flush")

@@ -25,3 +25,16 @@ def sql_list(values: Iterable[str]) -> str:
 def sql_in_list(values: Iterable[str]) -> str:
     """A parenthesised list for ``col IN (...)``."""
     return "(" + sql_list(values)[1:-1] + ")"
+
+
+def sql_documents(keys: Iterable[tuple[str, str]]) -> str:
+    """A filter matching the documents ``keys``, (tenant, doc id) pairs: a document id names a
+    document only within its tenant."""
+    by_tenant: dict[str, set[str]] = {}
+    for tenant, doc_id in keys:
+        by_tenant.setdefault(tenant, set()).add(doc_id)
+    if not by_tenant:
+        raise ValueError("a documents filter needs at least one (tenant, doc id) pair")
+    return " OR ".join(
+        f"(tenant = {sql_string(tenant)} AND doc_id IN {sql_in_list(ids)})" for tenant, ids in sorted(by_tenant.items())
+    )

@@ -20,7 +20,7 @@ from ..governance.policy import Policy
 from ..governance.propagation import propagate
 from ..governance.tags import GovernanceTags
 from ..governance.visibility import check_row
-from ..store import Store
+from ..store import DocumentKey, Store
 from .records import MAX_ID_LENGTH, RECORD_FIELDS, parse_tags
 
 DERIVED_KINDS = ("summary", "note", "memory")
@@ -43,9 +43,14 @@ class SyncReport:
     """What ``sync`` re-tagged: documents, their chunks and the rows derived from them."""
 
     documents: tuple[str, ...]
+    tenants: tuple[str, ...]  # the tenant of each of ``documents``
     chunks: int
     derived: int
     table_version: int
+
+    @property
+    def keys(self) -> tuple[DocumentKey, ...]:
+        return tuple(zip(self.tenants, self.documents, strict=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,21 +158,24 @@ class Lifecycle:
         Vectors and text are not touched; the next search sees the new tags on every row.
         """
         changes = [_sync_change(record, f"record {n}") for n, record in enumerate(records, start=1)]
-        states = self.store.source_states(doc_id for doc_id, _ in changes)
+        states = self.store.source_states((tags.tenant, doc_id) for doc_id, tags in changes)
         for doc_id, tags in changes:
-            state = states.get(doc_id)
-            if state is None or state.tenant != tags.tenant:
+            if (tags.tenant, doc_id) not in states:
                 raise NotFoundError(f"document {doc_id!r} not found in tenant {tags.tenant!r}")
         for _, tags in changes:
             self.store.register_clauses(tags.clauses_by_token)
-        new_tags = {doc_id: tags.row_columns() for doc_id, tags in changes}
+        new_tags = {(tags.tenant, doc_id): tags.row_columns() for doc_id, tags in changes}
         chunk_ids = self.store.chunk_ids_of_documents(new_tags)
-        updated = {chunk_id: {**row, **new_tags[row["doc_id"]]} for chunk_id, row in self.store.rows(chunk_ids).items()}
+        updated = {
+            chunk_id: {**row, **new_tags[(row["tenant"], row["doc_id"])]}
+            for chunk_id, row in self.store.rows(chunk_ids).items()
+        }
         derived, orphans = rederive(self.store, updated)
         sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
         self.store.update_tags([*updated.values(), *derived], sources, delete=orphans)
         return SyncReport(
             documents=tuple(doc_id for doc_id, _ in changes),
+            tenants=tuple(tags.tenant for _, tags in changes),
             chunks=len(updated),
             derived=len(derived),
             table_version=self.store.chunks.version,
@@ -175,15 +183,16 @@ class Lifecycle:
 
     # -- forget -------------------------------------------------------------------------------
 
-    def forget(self, doc_id: str, *, reason: str) -> ForgetReport:
-        """Erase a source and everything derived from it, then purge old versions and index files."""
+    def forget(self, doc_id: str, *, tenant: str, reason: str) -> ForgetReport:
+        """Erase a source of ``tenant`` and everything derived from it, then purge old versions
+        and index files."""
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidRequestError("a reason is required to forget a document (it goes into the audit receipt)")
-        chunk_ids = self.store.chunk_ids_of(doc_id)
-        if not chunk_ids and not self.store.source_states([doc_id]):
+        chunk_ids = self.store.chunk_ids_of(doc_id, tenant)
+        if not chunk_ids and not self.store.source_states([(tenant, doc_id)]):
             raise NotFoundError(f"document {doc_id!r} not found")
         derived = self.store.derived_from(chunk_ids)
-        self.store.delete([*chunk_ids, *derived], doc_id)
+        self.store.delete([*chunk_ids, *derived], (tenant, doc_id))
         purged = self.store.purge_history()
         return ForgetReport(doc_id=doc_id, reason=reason, chunks=len(chunk_ids), derived=len(derived), versions_purged=purged)
 

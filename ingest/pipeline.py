@@ -28,6 +28,7 @@ class IngestReport:
 
     run_id: str
     written: tuple[str, ...]
+    written_documents: tuple[tuple[str, str], ...]  # (tenant, doc id) of each written document
     documents: int
     unchanged: int
     chunks: int
@@ -76,16 +77,16 @@ def iter_sources(
 
 def dedupe_ids(outcomes: Iterable[Outcome]) -> Iterator[Outcome]:
     """Refuse a second record with an id already seen in this run: which one wins would be arbitrary."""
-    first_seen: dict[str, str] = {}
+    first_seen: dict[tuple[str, str], str] = {}
     for outcome in outcomes:
         if isinstance(outcome, SourceRecord):
-            if outcome.doc_id in first_seen:
+            if outcome.key in first_seen:
                 yield Rejected(
                     source=outcome.origin,
-                    reason=f"id {outcome.doc_id!r} already appeared in this run at {first_seen[outcome.doc_id]}",
+                    reason=f"id {outcome.doc_id!r} already appeared in this run at {first_seen[outcome.key]}",
                 )
                 continue
-            first_seen[outcome.doc_id] = outcome.origin
+            first_seen[outcome.key] = outcome.origin
         yield outcome
 
 
@@ -108,7 +109,7 @@ def run_ingest(
     writer = DocumentWriter(store, embedder, overlap=overlap, run_id=run_id)
     skipped: list[Skipped] = []
     rejected: list[Rejected] = []
-    written: list[str] = []
+    written: list[tuple[str, str]] = []
     unchanged = chunks = 0
     batch: list[SourceRecord] = []
     window: list[list[SourceRecord]] = []
@@ -146,7 +147,8 @@ def run_ingest(
         store.optimize()
     return IngestReport(
         run_id=run_id,
-        written=tuple(written),
+        written=tuple(doc_id for _, doc_id in written),
+        written_documents=tuple(written),
         documents=len(written),
         unchanged=unchanged,
         chunks=chunks,

@@ -40,6 +40,11 @@ class SourceRecord:
         """Content hash of the text: a new version whenever the text changes."""
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:32]
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """(tenant, doc id): the id names the document within its tenant only."""
+        return (self.tags.tenant, self.doc_id)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Skipped:

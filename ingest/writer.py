@@ -17,16 +17,17 @@ import pyarrow as pa
 
 from ..embedder import Embedder
 from ..schema import SOURCES_SCHEMA, TAG_COLUMNS
-from ..store import Store
+from ..store import DocumentKey, Store
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
 from .records import Rejected, SourceRecord
 
 
-def chunk_id(doc_id: str, doc_version: str, position: int, text: str) -> str:
-    """Deterministic: the same document version always yields the same chunk ids."""
+def chunk_id(tenant: str, doc_id: str, doc_version: str, position: int, text: str) -> str:
+    """Deterministic: the same document version always yields the same chunk ids. The tenant is
+    hashed in too, since two tenants may each hold a document of the same id and text."""
     digest = hashlib.sha256()
-    for part in (doc_id, doc_version, str(position), text):
+    for part in (tenant, doc_id, doc_version, str(position), text):
         digest.update(part.encode("utf-8"))
         digest.update(b"\x1f")
     return digest.hexdigest()[:32]
@@ -34,7 +35,7 @@ def chunk_id(doc_id: str, doc_version: str, position: int, text: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class BatchResult:
-    written: list[str]
+    written: list[DocumentKey]
     unchanged: list[str]
     rejected: list[Rejected]
     chunks: int
@@ -47,7 +48,7 @@ class _Plan:
     changed: list[SourceRecord]
     unchanged: list[str]
     rejected: list[Rejected]
-    existing: set[str]
+    existing: set[DocumentKey]
     chunked: list[tuple[SourceRecord, list[tuple[Chunk, str]]]] = field(default_factory=list)
     vectors: dict[str, list[float]] = field(default_factory=dict)
     to_embed: dict[str, str] = field(default_factory=dict)
@@ -88,24 +89,20 @@ class DocumentWriter:
 
     def _plan(self, records: Sequence[SourceRecord]) -> _Plan:
         """What one batch will write: its changed records chunked, and the chunk texts not yet embedded."""
-        states = self.store.source_states(r.doc_id for r in records)
+        states = self.store.source_states(r.key for r in records)
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
         rejected: list[Rejected] = []
         for record in records:
-            state = states.get(record.doc_id)
-            if state is not None and state.tenant != record.tags.tenant:
-                rejected.append(
-                    Rejected(source=record.origin, reason=f"id {record.doc_id!r} is already used in another tenant")
-                )
-            elif state is not None and (state.doc_version, state.tags_fingerprint) == (
+            state = states.get(record.key)
+            if state is not None and (state.doc_version, state.tags_fingerprint) == (
                 record.version,
                 record.tags.fingerprint(),
             ):
                 unchanged.append(record.doc_id)
             else:
                 changed.append(record)
-        existing = {r.doc_id for r in changed if r.doc_id in states}
+        existing = {r.key for r in changed if r.key in states}
         plan = _Plan(changed=changed, unchanged=unchanged, rejected=rejected, existing=existing)
         if not changed:
             return plan
@@ -113,7 +110,7 @@ class DocumentWriter:
         tokenizer = self.embedder.tokenizer
         for record in changed:
             chunks = chunk_text(record.text, tokenizer, window=window, overlap=self.overlap)
-            ids = [chunk_id(record.doc_id, record.version, c.position, c.text) for c in chunks]
+            ids = [chunk_id(record.tags.tenant, record.doc_id, record.version, c.position, c.text) for c in chunks]
             plan.chunked.append((record, list(zip(chunks, ids, strict=True))))
         plan.vectors = self.store.vectors_of(cid for _, chunks in plan.chunked for _, cid in chunks)
         plan.to_embed = {
@@ -134,15 +131,15 @@ class DocumentWriter:
         ]
         source_rows = [self._source_row(record, len(chunks), now) for record, chunks in plan.chunked]
         self.store.register_clauses({t: c for r in plan.changed for t, c in r.tags.clauses_by_token.items()})
-        replaced = [r for r in plan.changed if r.doc_id in plan.existing]  # new documents have nothing derived yet
+        replaced = [r for r in plan.changed if r.key in plan.existing]  # new documents have nothing derived yet
         derived, orphans = self._rederive(replaced, chunk_rows) if replaced else ([], [])
         self.store.replace_documents(
-            [r.doc_id for r in plan.changed],
+            [r.key for r in plan.changed],
             pa.Table.from_pylist([*chunk_rows, *derived], schema=self.store.chunks.schema),
             pa.Table.from_pylist(source_rows, schema=SOURCES_SCHEMA),
             orphans=orphans,
         )
-        written = [r.doc_id for r in plan.changed]
+        written = [r.key for r in plan.changed]
         return BatchResult(written=written, unchanged=plan.unchanged, rejected=plan.rejected, chunks=len(chunk_rows))
 
     def _rederive(
@@ -150,7 +147,7 @@ class DocumentWriter:
     ) -> tuple[list[dict[str, object]], list[str]]:
         """Rows derived from the changed documents' current chunks, re-tagged (whole rows, for the
         same commit); those derived from a chunk that disappears are returned as orphans."""
-        old_ids = self.store.chunk_ids_of_documents(r.doc_id for r in changed)
+        old_ids = self.store.chunk_ids_of_documents(r.key for r in changed)
         new_rows = {str(row["chunk_id"]): row for row in chunk_rows}
         parents = {chunk_id: new_rows.get(chunk_id) for chunk_id in old_ids}
         derived, orphans = rederive(self.store, parents)

@@ -15,6 +15,7 @@ import jwt
 import pytest
 from support.demo_world import demo_world
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
+from support.lineage_receiver import Receiver
 from support.live_server import serving
 
 from ragwarden.api.http import create_app
@@ -185,3 +186,18 @@ def bearer(mint: Callable[..., str]) -> Callable[..., dict[str, str]]:
         return {"Authorization": f"Bearer {mint(sub, **token_claims)}"}
 
     return headers
+
+
+@pytest.fixture
+def receiver() -> Iterator[Callable[..., Receiver]]:
+    """Starts OpenLineage backends on 127.0.0.1 (``receiver(port, mode=...)``, see
+    ``support.lineage_receiver``); stops them all after the test."""
+    started: list[Receiver] = []
+
+    def start(port: int = 0, **options: Any) -> Receiver:
+        started.append(Receiver(port, **options))
+        return started[-1]
+
+    yield start
+    for running in started:
+        running.stop()

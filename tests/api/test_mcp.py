@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
 import pytest
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 from support.demo_world import demo_world
+from support.mcp_clients import mcp_over_http
 
 from ragwarden.api.auth import Authenticator, Identity
 from ragwarden.api.keys import ApiKeys
@@ -196,7 +195,7 @@ async def test_save_note_takes_its_parents_labels_and_hides_it_from_who_cannot_r
         parents = [forecast["chunk_id"], bands["chunk_id"]]
         note = await _ok(alice, "save_note", text="Q3 beat plan; band midpoints rise in 2027.", parents=parents)
         again = await _ok(alice, "get_chunk", chunk_id=note["chunk_id"])
-    assert note["parents"] == parents and note["kind"] == "note"
+    assert note["parents"] == sorted(parents) and note["kind"] == "note"
     assert note["labels"] == sorted({*forecast["labels"], *bands["labels"]}) == ["comp", "finance"]
     assert note["classification"] == "confidential"
     assert again["chunk"]["kind"] == "note" and again["chunk"]["labels"] == note["labels"]
@@ -288,22 +287,13 @@ def test_stdio_server_refuses_to_start_without_a_valid_token(
 # -- streamable HTTP: identity from each request's bearer token ----------------------------------
 
 
-@asynccontextmanager
-async def _over_http(url: str, token: str, **options: Any) -> AsyncIterator[Client]:
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
-        Client(streamable_http_client(f"{url}/mcp/", http_client=http), **options) as client,
-    ):
-        yield client
-
-
 @pytest.mark.anyio
 async def test_http_agents_for_two_users_see_their_own_rows_and_receipts_name_user_and_agent(
     demo_warehouse: Warehouse, demo_service_url: str, mint: Callable[..., str]
 ) -> None:
     purpose = f"http-{uuid.uuid4()}"
     alice_token, dave_token = mint("alice", act="agent:alpha"), mint("dave", act="agent:delta")
-    async with _over_http(demo_service_url, alice_token) as alice, _over_http(demo_service_url, dave_token) as dave:
+    async with mcp_over_http(demo_service_url, alice_token) as alice, mcp_over_http(demo_service_url, dave_token) as dave:
         for_alice = await _ok(alice, "search", query=FINANCE_QUERY, k=5, purpose=purpose)
         for_dave = await _ok(dave, "search", query=FINANCE_QUERY, k=5, purpose=purpose)
     assert "acme-fin-001" in _docs(for_alice) and "acme-fin-001" not in _docs(for_dave)
@@ -344,7 +334,7 @@ def test_http_refuses_unknown_hosts_against_dns_rebinding(demo_service_url: str,
 async def test_http_session_union_follows_its_session_id_which_no_other_caller_can_use(
     demo_service_url: str, mint: Callable[..., str]
 ) -> None:
-    async with _over_http(demo_service_url, mint("alice", act="agent:alpha")) as alice:
+    async with mcp_over_http(demo_service_url, mint("alice", act="agent:alpha")) as alice:
         first = await _ok(alice, "search", query=FINANCE_QUERY, k=2)
         handle = first["session"]["session_id"]
         second = await _ok(alice, "search", query="parental leave policy", k=2, session_id=handle)
@@ -353,7 +343,7 @@ async def test_http_session_union_follows_its_session_id_which_no_other_caller_c
     assert second["session"]["count"] > first["session"]["count"] == 2
     assert "finance" in second["session"]["labels"] and second["session"]["classification"] == "confidential"
     assert fresh["session"]["chunk_ids"] == [h["chunk_id"] for h in fresh["hits"]]
-    async with _over_http(demo_service_url, mint("dave")) as dave:  # alice's handle is nothing to dave
+    async with mcp_over_http(demo_service_url, mint("dave")) as dave:  # alice's handle is nothing to dave
         borrowed = _error(await dave.call_tool("search", {"query": "leave", "session_id": handle}))
         made_up = _error(await dave.call_tool("search", {"query": "leave", "session_id": "made-up"}))
     assert borrowed == made_up.replace("made-up", handle)
@@ -364,7 +354,7 @@ async def test_http_session_union_follows_its_session_id_which_no_other_caller_c
 async def test_http_legacy_session_keeps_one_union_without_passing_an_id(
     demo_service_url: str, mint: Callable[..., str]
 ) -> None:
-    async with _over_http(demo_service_url, mint("alice", act="agent:old"), mode="legacy") as alice:
+    async with mcp_over_http(demo_service_url, mint("alice", act="agent:old"), mode="legacy") as alice:
         first = await _ok(alice, "search", query=FINANCE_QUERY, k=2)
         second = await _ok(alice, "search", query="parental leave policy", k=2)
     assert first["session"]["session_id"] == second["session"]["session_id"]

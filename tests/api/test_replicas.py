@@ -2,7 +2,7 @@
 
 Every replica reads the warehouse afresh at each request (LanceDB with a read consistency interval
 of zero), so a write acknowledged by one is what the next request to the other sees: ingest, policy,
-sync and API-key revocation alike. The bound is "the next request", and the tests measure its time.
+sync and API-key revocation alike, on every read path (search, get-by-id, explain, MCP). The bound is "the next request", and the tests measure its time.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from support.demo_world import demo_world
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
+from support.mcp_clients import mcp_over_http
 from support.replicas import Replica
 
 from ragwarden.api.keys import ApiKeys
@@ -98,7 +100,7 @@ def test_a_policy_change_on_one_replica_holds_on_the_other_at_the_next_request(t
     alice = bearer(mint, "alice")
     without_alice = DEMO_POLICY.replace(ALICE_IN_FPA, "")
     assert without_alice != DEMO_POLICY
-    query = "FY2027 operating budget draft"
+    query = BUDGET_QUERY
     assert "acme-fin-002" in search_ids(b.url, alice, query)
 
     delays = []
@@ -117,21 +119,70 @@ def test_a_policy_change_on_one_replica_holds_on_the_other_at_the_next_request(t
     print(f"\npolicy change -> other replica's next answer: max {max(delays) * 1000:.0f} ms over {len(delays)} changes")
 
 
-def test_a_sync_on_one_replica_holds_on_the_other_at_the_next_request(two_replicas, mint):
+BUDGET_QUERY = "FY2027 operating budget draft"
+BUDGET = {"id": "acme-fin-002", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "labels": ["finance"],
+          "classification": "confidential"}  # fmt: skip
+
+
+def sync(url: str, mint: Callable[..., str], record: dict[str, Any]) -> None:
+    synced = httpx.post(f"{url}/v1/sync", json={"records": [record]}, headers=bearer(mint, "admin"), timeout=60)
+    assert synced.status_code == 200, synced.text
+
+
+async def _mcp_reads(url: str, token: str, chunk_id: str) -> dict[str, Any]:
+    """What an agent acting for the token's user gets through each MCP tool that reads."""
+    async with mcp_over_http(url, token) as agent:
+        found = await agent.call_tool("search", {"query": BUDGET_QUERY, "k": 10})
+        fetched = await agent.call_tool("get_chunk", {"chunk_id": chunk_id})
+        explained = await agent.call_tool("explain_access", {"chunk_id": chunk_id})
+    assert not found.is_error and not explained.is_error
+    assert found.structured_content is not None and explained.structured_content is not None
+    return {
+        "search": chunk_id in {hit["chunk_id"] for hit in found.structured_content["hits"]},
+        "get": not fetched.is_error,
+        "explain": explained.structured_content["allowed"],
+    }
+
+
+def reads_of(url: str, mint: Callable[..., str], chunk_id: str) -> dict[str, bool]:
+    """Whether alice reaches ``chunk_id`` on one replica by every read path: HTTP search, get-by-id
+    and explain, and the same three through an agent on the MCP endpoint."""
+    alice = bearer(mint, "alice")
+    found = httpx.post(f"{url}/v1/search", json={"query": BUDGET_QUERY, "k": 10}, headers=alice, timeout=60)
+    fetched = httpx.get(f"{url}/v1/chunks/{chunk_id}", headers=alice, timeout=60)
+    explained = httpx.get(f"{url}/v1/chunks/{chunk_id}/explain", headers=alice, timeout=60)
+    assert found.status_code == 200 and explained.status_code == 200 and fetched.status_code in (200, 404)
+    mcp = anyio.run(_mcp_reads, url, mint("alice", act="agent:replica"), chunk_id)
+    return {
+        "http search": chunk_id in {hit["chunk_id"] for hit in found.json()["hits"]},
+        "http get": fetched.status_code == 200,
+        "http explain": explained.json()["allowed"],
+        **{f"mcp {path}": allowed for path, allowed in mcp.items()},
+    }
+
+
+REVOCATIONS = {
+    "a removed group member": (lambda a, mint: set_policy(a.url, mint, DEMO_POLICY.replace(ALICE_IN_FPA, ""))),
+    "a tightened source ACL": (lambda a, mint: sync(a.url, mint, {**BUDGET, "acl": {"allow": ["user:olivia"]}})),
+    "a new deny": (lambda a, mint: set_policy(a.url, mint, DEMO_POLICY + "\np, user:alice, acme, label:finance, read, deny\n")),
+}
+
+
+@pytest.mark.parametrize("revocation", REVOCATIONS)
+def test_a_revocation_on_one_replica_closes_every_read_path_on_the_other(two_replicas, shared_warehouse, mint, revocation):
     a, b = two_replicas
-    alice, admin = bearer(mint, "alice"), bearer(mint, "admin")
-    query = "FY2027 operating budget draft"
-    original = {"id": "acme-fin-002", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "labels": ["finance"],
-                "classification": "confidential"}  # fmt: skip
-    narrowed = {**original, "acl": {"allow": ["user:olivia"]}}
+    chunk_id = shared_warehouse.store.chunk_ids_of("acme-fin-002")[0]
+    everywhere = reads_of(b.url, mint, chunk_id)
+    assert all(everywhere.values()), f"alice should read the budget before the revocation: {everywhere}"
     try:
-        synced = httpx.post(f"{a.url}/v1/sync", json={"records": [narrowed]}, headers=admin, timeout=60)
-        assert synced.status_code == 200, synced.text
-        assert "acme-fin-002" not in search_ids(b.url, alice, query)
+        REVOCATIONS[revocation](a, mint)
+        after = reads_of(b.url, mint, chunk_id)
     finally:
-        restored = httpx.post(f"{a.url}/v1/sync", json={"records": [original]}, headers=admin, timeout=60)
-        assert restored.status_code == 200, restored.text
-    assert "acme-fin-002" in search_ids(b.url, alice, query)
+        set_policy(a.url, mint, DEMO_POLICY)
+        sync(a.url, mint, BUDGET)
+    still_open = [path for path, allowed in after.items() if allowed]
+    assert not still_open, f"after {revocation} on replica A, replica B still lets alice read by {still_open}"
+    assert reads_of(b.url, mint, chunk_id) == everywhere
 
 
 def test_an_api_key_revoked_on_the_warehouse_is_refused_by_every_replica(two_replicas, shared_warehouse):

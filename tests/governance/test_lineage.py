@@ -10,7 +10,6 @@ against its own ``_schemaURL``, with a format checker for uuid, date-time and ur
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import logging
 import os
@@ -21,7 +20,6 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +29,7 @@ import referencing
 import referencing.exceptions
 from jsonschema import Draft202012Validator, FormatChecker
 from openlineage.client.transport import HttpTransport
+from support.lineage_receiver import closed_port
 
 from ragwarden.governance.lineage import (
     MAX_LISTED_INPUTS,
@@ -166,30 +165,6 @@ def _hermetic(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("OPENLINEAGE"):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def receiver_module() -> ModuleType:
-    path = Path(__file__).with_name("lineage_receiver.py")
-    spec = importlib.util.spec_from_file_location("lineage_receiver", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def receiver(receiver_module: ModuleType) -> Iterator[Callable[..., Any]]:
-    """Starts receivers (``receiver(port, mode=...)``); stops them all after the test."""
-    started: list[Any] = []
-
-    def start(port: int = 0, **options: Any) -> Any:
-        started.append(receiver_module.Receiver(port, **options))
-        return started[-1]
-
-    yield start
-    for running in started:
-        running.stop()
 
 
 @pytest.fixture
@@ -389,10 +364,10 @@ def test_the_environment_mapping_configures_the_client(emitters: Callable[..., L
 # --- a backend that is down, slow or refusing ---------------------------------------------------
 
 
-def _backend_down(how: str, receiver: Callable[..., Any], receiver_module: ModuleType) -> tuple[int, Any]:
+def _backend_down(how: str, receiver: Callable[..., Any]) -> tuple[int, Any]:
     """A port whose backend is down, and the receiver answering 503 there (None: nobody listens)."""
     if how == "port closed":
-        return receiver_module.closed_port(), None
+        return closed_port(), None
     answering = receiver(mode="503")
     return int(urlsplit(answering.url).port or 0), answering
 
@@ -409,11 +384,10 @@ def test_a_down_backend_costs_little_and_flush_delivers_every_event_once(
     how: str,
     emitters: Callable[..., LineageEmitter],
     receiver: Callable[..., Any],
-    receiver_module: ModuleType,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    port, answering = _backend_down(how, receiver, receiver_module)
+    port, answering = _backend_down(how, receiver)
     emitter = emitters(http_env(f"http://127.0.0.1:{port}"))
     spool = tmp_path / "warehouse" / "_lineage" / "spool"
 
@@ -445,10 +419,9 @@ def test_the_next_run_delivers_what_a_down_backend_left_spooled(
     how: str,
     emitters: Callable[..., LineageEmitter],
     receiver: Callable[..., Any],
-    receiver_module: ModuleType,
     tmp_path: Path,
 ) -> None:
-    port, answering = _backend_down(how, receiver, receiver_module)
+    port, answering = _backend_down(how, receiver)
     earlier = ingest_ok(emitters(http_env(f"http://127.0.0.1:{port}")))
     up = _bring_up(receiver, port, answering)
 
@@ -492,9 +465,9 @@ def test_an_event_the_backend_refuses_is_set_aside_not_retried_forever(
 
 
 def test_a_flush_under_way_elsewhere_is_not_joined(
-    emitters: Callable[..., LineageEmitter], receiver_module: ModuleType, receiver: Callable[..., Any]
+    emitters: Callable[..., LineageEmitter], receiver: Callable[..., Any]
 ) -> None:
-    port = receiver_module.closed_port()
+    port = closed_port()
     emitter = emitters(http_env(f"http://127.0.0.1:{port}"))
     ingest_ok(emitter)
     up = receiver(port)
@@ -568,13 +541,13 @@ def test_a_failed_ingest_emits_fail_with_the_error(tmp_path: Path, embedder: Any
 
 
 def test_lineage_flush_command_delivers_what_a_down_backend_left(
-    tmp_path: Path, embedder: Any, receiver: Callable[..., Any], receiver_module: ModuleType
+    tmp_path: Path, embedder: Any, receiver: Callable[..., Any]
 ) -> None:
     from click.testing import CliRunner
 
     from ragwarden.api.cli import main
 
-    port = receiver_module.closed_port()
+    port = closed_port()
     env = http_env(f"http://127.0.0.1:{port}")
     wh = _warehouse(tmp_path, embedder, env)
     wh.ingest_records([RECORD])

@@ -120,7 +120,7 @@ def test_forget_erases_the_source_and_its_derived_rows_from_every_file(lifecycle
     assert files_holding_sentinel() == []
     assert wh.search(SENTINEL, subject="user:dave", tenant="acme", k=5, mode="fts") == []
     assert summary.chunk_id not in wh.store.rows([summary.chunk_id])
-    assert wh.store.source_states(["secret"]) == {}
+    assert wh.store.source_states([("acme", "secret")]) == {}
     assert len(wh.store.chunks.list_versions()) == 1
     assert {h.doc_id for h in wh.search("office Friday", subject="user:dave", tenant="acme", k=5)} == {"staff"}
 
@@ -169,11 +169,26 @@ def test_explain_reads_another_tenants_row_as_missing(lifecycle_warehouse):
 def test_a_tenant_admin_syncing_another_tenants_document_meets_not_found_like_an_unknown_id(lifecycle_warehouse):
     wh = lifecycle_warehouse
     wh.ingest_records([{**doc("globex-only", "Globex board minutes.", ["group:staff"]), "tenant": "globex"}])
-    version, before = wh.store.chunks.version, wh.store.source_tags(["globex-only"])
+    version, before = wh.store.chunks.version, wh.store.source_tags([("globex", "globex-only")])
     errors = []
     for doc_id in ("globex-only", "never-ingested"):
         with pytest.raises(NotFoundError) as caught:
             wh.sync([doc(doc_id, "", ["everyone"])], subject="user:admin", tenant="acme")
         errors.append(str(caught.value).replace(doc_id, "ID"))
     assert errors[0] == errors[1]  # the other tenant's document reads exactly as a missing one
-    assert wh.store.chunks.version == version and wh.store.source_tags(["globex-only"]) == before
+    assert wh.store.chunks.version == version and wh.store.source_tags([("globex", "globex-only")]) == before
+
+
+def test_forget_leaves_another_tenants_document_named_like_one_of_its_chunks(lifecycle_warehouse):
+    """A source chunk names its document as parent: a globex document whose id is one of acme's
+    chunk ids must not read as derived from that chunk when acme's document is forgotten."""
+    wh = lifecycle_warehouse
+    (staff_chunk,) = wh.store.chunk_ids_of("staff", "acme")
+    wh.ingest_records([{**doc(staff_chunk, "Globex canteen menu for June.", ["group:staff"]), "tenant": "globex"}])
+    globex_chunks = wh.store.chunk_ids_of(staff_chunk, "globex")
+    assert globex_chunks
+
+    report = wh.forget("staff", tenant="acme", reason="test")
+    assert (report.chunks, report.derived) == (1, 0)
+    assert wh.store.chunk_ids_of(staff_chunk, "globex") == globex_chunks
+    assert wh.store.document_tenants(staff_chunk) == ["globex"]

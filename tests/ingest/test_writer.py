@@ -9,6 +9,7 @@ import pytest
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
+from ragwarden.errors import InvalidRequestError
 from ragwarden.warehouse import Warehouse
 
 LONG = " ".join(f"Paragraph {i}: the budget for team {i % 7} grows by {i} percent next year." for i in range(120))
@@ -135,12 +136,36 @@ def test_a_document_whose_batch_fails_lands_not_at_all(tmp_path, make_record):
     assert sorted(r["doc_id"] for r in warehouse.store.sources.search().limit(None).to_list()) == ["a", "b"]
 
 
-def test_an_id_used_in_another_tenant_is_rejected_and_left_alone(fresh_warehouse, make_record):
+def test_an_id_used_in_another_tenant_names_a_separate_document(fresh_warehouse, make_record):
     fresh_warehouse.ingest_records([make_record()])
-    report = fresh_warehouse.ingest_records([make_record(tenant="globex", text="Take over the id.")])
-    assert report.documents == 0
-    assert "already used in another tenant" in report.rejected[0].reason
-    assert {r["tenant"] for r in chunk_rows(fresh_warehouse, "doc-1")} == {"acme"}
+    acme_rows = chunk_rows(fresh_warehouse, "doc-1")
+    report = fresh_warehouse.ingest_records([make_record(tenant="globex", text="Another tenant's own doc-1.")])
+    assert (report.documents, report.rejected) == (1, ())
+    rows = {tenant: [r for r in chunk_rows(fresh_warehouse, "doc-1") if r["tenant"] == tenant] for tenant in ("acme", "globex")}
+    assert rows["acme"] == acme_rows, "acme's document changed when globex used its id"
+    assert [r["text"] for r in rows["globex"]] == ["Another tenant's own doc-1."]
+    assert not {r["chunk_id"] for r in rows["acme"]} & {r["chunk_id"] for r in rows["globex"]}
+
+    fresh_warehouse.forget("doc-1", tenant="globex", reason="test")
+    assert chunk_rows(fresh_warehouse, "doc-1") == acme_rows
+    assert fresh_warehouse.store.document_tenants("doc-1") == ["acme"]
+
+
+def test_the_same_text_under_the_same_id_in_two_tenants_gets_distinct_chunk_ids(fresh_warehouse, make_record):
+    fresh_warehouse.ingest_records([make_record(), make_record(tenant="globex")])
+    rows = chunk_rows(fresh_warehouse, "doc-1")
+    assert sorted(r["tenant"] for r in rows) == ["acme", "globex"]
+    assert len({r["chunk_id"] for r in rows}) == 2
+
+
+def test_an_operator_naming_no_tenant_for_an_id_two_tenants_use_is_asked_to(fresh_warehouse, make_record):
+    fresh_warehouse.ingest_records([make_record(), make_record(tenant="globex")])
+    with pytest.raises(InvalidRequestError, match="used in tenants 'acme', 'globex': name the tenant"):
+        fresh_warehouse.forget("doc-1", reason="which one?")
+    with pytest.raises(InvalidRequestError, match="name the tenant"):
+        fresh_warehouse.lineage("doc-1")
+    assert fresh_warehouse.lineage("doc-1", tenant="globex")["source"]["tenant"] == "globex"
+    assert len(chunk_rows(fresh_warehouse, "doc-1")) == 2
 
 
 def test_duplicate_ids_in_one_run_are_rejected_after_the_first(fresh_warehouse, make_record):
@@ -163,7 +188,7 @@ def test_a_window_of_batches_is_embedded_in_one_call_and_committed_batch_by_batc
     monkeypatch.setattr(
         warehouse.store,
         "replace_documents",
-        lambda doc_ids, *a, **k: commits.append(doc_ids) or replace(doc_ids, *a, **k),
+        lambda keys, *a, **k: commits.append([doc_id for _, doc_id in keys]) or replace(keys, *a, **k),
     )
     report = warehouse.ingest_records([make_record(id=f"d{i}", text=f"Document number {i}.") for i in range(5)])
     assert report.documents == 5 and calls == [5]

@@ -76,7 +76,7 @@ def test_an_erased_row_is_gone_from_the_vector_index_and_every_version(indexed_w
         return [p for p in folder.rglob("*") if p.is_file() and raw in p.read_bytes()]
 
     assert files_holding_it(), "positive control: the vector's bytes are on disk before the erasure"
-    indexed_warehouse.store.delete(victim.ids, victim.ids[0])
+    indexed_warehouse.store.delete(victim.ids, (TENANT, victim.ids[0]))
     indexed_warehouse.store.purge_history()
     assert len(indexed_warehouse.store.chunks.list_versions()) == 1
     for plan in ("index", "flat"):

@@ -42,7 +42,7 @@ def test_a_commit_is_seen_by_the_next_search(indexed_warehouse: Warehouse, small
     append_rows(indexed_warehouse.store, first)
     assert _search(searcher, indexed_warehouse, reader, first.vectors[0])[0][0] == first.ids[0]
 
-    indexed_warehouse.store.delete(first.ids, first.ids[0])  # erased: gone from the very next search
+    indexed_warehouse.store.delete(first.ids, (TENANT, first.ids[0]))  # erased: gone from the very next search
     assert first.ids[0] not in {c for c, _ in _search(searcher, indexed_warehouse, reader, first.vectors[0])}
 
     second = new_rows(small_world, 1, group_of(indexed_warehouse, reader), seed=6)

@@ -35,8 +35,12 @@ class Receiver:
         self._thread.start()
 
     @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self._stopping.set()
