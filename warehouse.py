@@ -127,6 +127,11 @@ class Warehouse:
         """Why the policy in force is not the newest one (it did not load), or None."""
         return self._policy.problem
 
+    @property
+    def public_policy_problem(self) -> str | None:
+        """``policy_problem`` without the bad line's content, for readiness probes."""
+        return self._policy.public_problem
+
     @_names_storage_failures
     def install_policy(self, path: PathLike) -> Policy:
         """Validate a policy file and make it the warehouse's own (versioned; old ones are kept)."""

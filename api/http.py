@@ -121,7 +121,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         if policy is None:
             raise PolicyError("no policy is in force: install one (ragwarden policy install) before serving")
         return Readiness(
-            status="ready", policy_version=policy.version, table_version=table_version, policy_problem=warehouse.policy_problem
+            status="ready", policy_version=policy.version, table_version=table_version, policy_problem=warehouse.public_policy_problem
         )
 
     @app.get("/v1/whoami", response_model=IdentityModel, tags=["identity"])

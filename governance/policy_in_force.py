@@ -15,14 +15,16 @@ import threading
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
-from ..errors import PolicyError
+from ..errors import InvalidPolicyError, PolicyError
 from .policy import Policy
 
 log = logging.getLogger(__name__)
 
 
 class PolicyInForce:
-    """``current()``: the policy to decide with; ``problem``: why a newer one was not taken, if so."""
+    """``current()``: the policy to decide with; ``problem``: why a newer one was not taken, if so;
+    ``public_problem``: the same without the policy's content (the bad line's principals, groups
+    or labels), for readiness probes anyone may call."""
 
     def __init__(self, *, load: Callable[[], Policy | None], stamp: Callable[[], Hashable]) -> None:
         self._load = load
@@ -31,6 +33,7 @@ class PolicyInForce:
         self._seen: Hashable = object()
         self._good: tuple[Policy | None] | None = None  # None until a policy (or its absence) loaded
         self.problem: str | None = None
+        self.public_problem: str | None = None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> PolicyInForce:
@@ -57,11 +60,13 @@ class PolicyInForce:
             except PolicyError as exc:
                 if self._good is None:
                     raise
-                last = self._good[0]
-                problem = f"{exc}; still serving policy {last.version if last else '(none)'}"
+                serving = f"still serving policy {self._good[0].version if self._good[0] else '(none)'}"
+                problem = f"{exc}; {serving}"
                 if problem != self.problem:
                     log.error("the policy did not load, the last good one stays in force: %s", problem)
+                where = f"{exc.path}:{exc.line} is not a valid rule" if isinstance(exc, InvalidPolicyError) else str(exc)
+                self.public_problem = f"the policy did not load ({where}; the log has the reason); {serving}"
                 self.problem, self._seen = problem, stamp
-                return last
-            self._good, self._seen, self.problem = (policy,), stamp, None
+                return self._good[0]
+            self._good, self._seen, self.problem, self.public_problem = (policy,), stamp, None, None
             return policy

@@ -89,7 +89,10 @@ def test_a_damaged_installed_policy_leaves_the_last_good_one_in_force(
     before = {user: _docs(url, bearer(user)) for user in ("alice", "dave", "admin")}
     _store_policy_text(small_warehouse, BAD_POLICY)
     assert {user: _docs(url, bearer(user)) for user in ("alice", "dave", "admin")} == before
-    assert "maybe" in _readiness(url)["policy_problem"]
+    problem = _readiness(url)["policy_problem"]
+    assert ":2 is not a valid rule" in problem and "still serving policy" in problem
+    assert "maybe" not in problem and "finance" not in problem, "the probe, open to anyone, shows the policy's content"
+    assert "maybe" in small_warehouse.policy_problem  # the full reason is the operator's
     _store_policy_text(small_warehouse, "")  # loads, and grants nothing: in force at once
     assert _docs(url, bearer("alice")) == {"acme-memo"}  # what "everyone" may read, no more
     assert _readiness(url)["policy_problem"] is None
