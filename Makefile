@@ -5,20 +5,20 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test test-fast test-quality bench bench-smoke clean
+.PHONY: install demo test test-fast test-quality bench bench-smoke bench-gpu soak clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,ray]'
 	touch $@
 
 install: $(BIN)/.installed
 
 $(BIN)/.bench-installed: $(BIN)/.installed
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,ray,bench]'
 	touch $@
 
 demo: install
@@ -41,6 +41,17 @@ test-quality: install
 BENCH_ARGS ?= --sizes 100000,1000000,scifact --queries 20
 bench: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench $(BENCH_ARGS)
+
+# The soak: the load test of the suite (8 clients, one ingesting, every answer checked against the
+# oracle) for SOAK_SECONDS instead of a minute; figures in bench/results/soak.json. Not run in CI.
+SOAK_SECONDS ?= 1800
+soak: install
+	RAGWARDEN_LOAD_SECONDS=$(SOAK_SECONDS) RAGWARDEN_LOAD_REPORT=bench/results/soak.json \
+		$(BIN)/pytest -m slow -p no:cacheprovider -q -s tests/reliability/test_load.py
+
+# On a machine with a CUDA GPU: SciFact ingest documents/s on the GPU against the CPU.
+bench-gpu: install
+	$(BIN)/python -m ragwarden.bench.gpu_ingest --out bench/results/gpu_ingest.json
 
 bench-smoke: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench --sizes 5000 --queries 3 --no-ingest --out bench/results-smoke

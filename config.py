@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -11,6 +12,8 @@ from typing import Literal, get_args
 from .errors import ConfigurationError
 
 EmbedBackend = Literal["torch", "onnx", "onnx-int8"]
+IngestEngineName = Literal["local", "ray"]
+INGEST_ENGINES: tuple[str, ...] = get_args(IngestEngineName)
 EMBED_BACKENDS: tuple[EmbedBackend, ...] = get_args(EmbedBackend)
 
 DEFAULT_WAREHOUSE = ".ragwarden"
@@ -88,8 +91,16 @@ class Settings:
     ``lineage_dir`` holds the lineage spool (default: ``_lineage`` in a local warehouse).
     ``auth`` is how the HTTP and MCP services verify credentials.
     ``embed_backend`` runs the embedding model in PyTorch or as an ONNX export (fp32 or int8),
-    exported once into ``embed_cache_dir`` (default: see ``ragwarden.embedder.default_cache_dir``).
+    exported once into ``embed_cache_dir`` (default: see ``ragwarden.embedder.default_cache_dir``);
+    ``embed_device`` is ``auto`` (a GPU when torch sees one), ``cpu`` or ``cuda``, and
+    ``embed_batch_size`` None takes the device's batch size.
     ``flat_cache_mb`` bounds the vectors exact scans keep in memory per process (0: none).
+    ``embed_window_docs`` is how many documents' new text an ingest embeds in one call before
+    committing them ``write_batch_docs`` at a time (larger: fuller model batches, more memory).
+    ``ray_actors`` is how many actors chunk and embed in a Ray ingest (None: one per GPU, else
+    half the CPUs, at most 4).
+    ``storage_options`` configure an object-store warehouse (``s3://bucket/prefix``...): Lance's
+    storage options (``aws_endpoint``, ``aws_region``, ``allow_http``, credentials...).
     """
 
     warehouse: str = DEFAULT_WAREHOUSE
@@ -97,10 +108,12 @@ class Settings:
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     max_file_bytes: int = 20 * 1024 * 1024
     chunk_overlap: int = 32
-    embed_batch_size: int = 32
+    embed_batch_size: int | None = None
+    embed_device: str = "auto"
     embed_backend: EmbedBackend = "torch"
     embed_cache_dir: Path | None = None
     write_batch_docs: int = 64
+    embed_window_docs: int = 512
     audit_key: bytes | None = field(default=None, repr=False)
     audit_raw_queries: bool = False
     lineage_dir: Path | None = None
@@ -108,10 +121,13 @@ class Settings:
     auth: AuthSettings = field(default_factory=lambda: AuthSettings())
     max_body_bytes: int = 1024 * 1024
     flat_cache_mb: int = 256
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
+    ray_actors: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs", "max_body_bytes"):
-            if getattr(self, name) < 1:
+        for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs", "embed_window_docs", "max_body_bytes",
+                     "ray_actors"):  # fmt: skip
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         for name in ("chunk_overlap", "flat_cache_mb"):
             if getattr(self, name) < 0:
@@ -133,13 +149,16 @@ class Settings:
             values["audit_key"] = env["RAGWARDEN_AUDIT_KEY"].encode("utf-8")
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
-        for name, unit in (("max_file_bytes", "bytes"), ("max_body_bytes", "bytes"), ("flat_cache_mb", "MiB")):
+        for name, unit in (("max_file_bytes", "bytes"), ("max_body_bytes", "bytes"), ("flat_cache_mb", "MiB"),
+                           ("ray_actors", "actors"), ("embed_batch_size", "texts"), ("write_batch_docs", "documents")):  # fmt: skip
             key = f"RAGWARDEN_{name.upper()}"
             if env.get(key):
                 try:
                     values[name] = int(env[key])
                 except ValueError:
                     raise ConfigurationError(f"{key} must be a whole number of {unit}, got {env[key]!r}") from None
+        if env.get("RAGWARDEN_EMBED_DEVICE"):
+            values["embed_device"] = env["RAGWARDEN_EMBED_DEVICE"]
         if env.get("RAGWARDEN_EMBED_BACKEND"):
             values["embed_backend"] = env["RAGWARDEN_EMBED_BACKEND"]
         if env.get("RAGWARDEN_EMBED_CACHE"):
@@ -147,9 +166,41 @@ class Settings:
         if env.get("RAGWARDEN_LINEAGE_DIR"):
             values["lineage_dir"] = Path(env["RAGWARDEN_LINEAGE_DIR"])
         values["openlineage_env"] = {k: v for k, v in env.items() if k.startswith("OPENLINEAGE")}
+        values["storage_options"] = storage_options_from_env(env)
         values["auth"] = AuthSettings.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+# The standard AWS variables, as Lance's storage option each sets.
+AWS_VARIABLES = {
+    "AWS_ENDPOINT_URL": "aws_endpoint",
+    "AWS_ENDPOINT": "aws_endpoint",
+    "AWS_DEFAULT_REGION": "aws_region",
+    "AWS_REGION": "aws_region",
+    "AWS_ACCESS_KEY_ID": "aws_access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
+    "AWS_SESSION_TOKEN": "aws_session_token",
+    "AWS_ALLOW_HTTP": "allow_http",
+}
+
+
+def storage_options_from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Object-store options: the standard AWS variables (later names in ``AWS_VARIABLES`` win),
+    then ``RAGWARDEN_STORAGE_OPTIONS``, a JSON object of Lance storage options, over them."""
+    options = {option: env[name] for name, option in AWS_VARIABLES.items() if env.get(name)}
+    raw = env.get("RAGWARDEN_STORAGE_OPTIONS")
+    if raw:
+        try:
+            extra = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"RAGWARDEN_STORAGE_OPTIONS is not JSON: {exc}") from None
+        if not isinstance(extra, dict) or not all(isinstance(v, str | int | bool) for v in extra.values()):
+            raise ConfigurationError(
+                'RAGWARDEN_STORAGE_OPTIONS must be a JSON object of option names to text, e.g. {"allow_http": "true"}'
+            )
+        options.update({str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in extra.items()})
+    return options

@@ -183,26 +183,47 @@ class OnnxEncoder:
         return out
 
 
+BATCH_SIZES = {"cpu": 32, "cuda": 256}
+"""Texts per forward pass by device: on a CPU larger batches gain nothing and pad more; a GPU
+needs large ones to be kept busy (all-MiniLM-L6-v2 at 256 tokens fits many times over)."""
+
+
+def choose_device(device: str, *, backend: str, cuda_available: bool | None = None) -> str:
+    """``device`` itself, or for ``auto`` CUDA when torch sees a GPU and the backend can use it."""
+    if device != "auto":
+        if backend != "torch" and device != "cpu":
+            raise ConfigurationError(f"embedding backend {backend!r} runs on the CPU only, not on {device!r}")
+        return device
+    if backend != "torch":
+        return "cpu"
+    if cuda_available is None:
+        import torch
+
+        cuda_available = bool(torch.cuda.is_available())
+    return "cuda" if cuda_available else "cpu"
+
+
 class Embedder:
     """Turns text into unit-length float32 vectors; loads the model on first use, once.
 
     ``backend`` picks how the model runs (see the module docstring); ``cache_dir`` is where ONNX
-    exports are kept (default ``default_cache_dir()``).
+    exports are kept (default ``default_cache_dir()``). ``device`` ``auto`` uses a GPU when there
+    is one; ``batch_size`` None takes the device's (``BATCH_SIZES``).
     """
 
     def __init__(
         self,
         *,
-        device: str = "cpu",
-        batch_size: int = 32,
+        device: str = "auto",
+        batch_size: int | None = None,
         backend: str = "torch",
         cache_dir: Path | str | None = None,
     ) -> None:
         self.backend: EmbedBackend = check_embed_backend(backend)
-        if self.backend != "torch" and device != "cpu":
-            raise ConfigurationError(f"embedding backend {backend!r} runs on the CPU only, not on {device!r}")
-        self.device = device
-        self.batch_size = batch_size
+        if device != "auto":
+            choose_device(device, backend=self.backend)  # refuse a device the backend cannot use, now
+        self._device = device
+        self._batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._lock = threading.Lock()
 
@@ -210,8 +231,20 @@ class Embedder:
     def from_settings(cls, settings: Settings) -> Embedder:
         """The embedder a warehouse opened with ``settings`` uses."""
         return cls(
-            batch_size=settings.embed_batch_size, backend=settings.embed_backend, cache_dir=settings.embed_cache_dir
+            device=settings.embed_device,
+            batch_size=settings.embed_batch_size,
+            backend=settings.embed_backend,
+            cache_dir=settings.embed_cache_dir,
         )
+
+    @cached_property
+    def device(self) -> str:
+        """Where the model runs: ``cpu`` or ``cuda`` (``auto`` resolved on first use)."""
+        return choose_device(self._device, backend=self.backend)
+
+    @cached_property
+    def batch_size(self) -> int:
+        return self._batch_size or BATCH_SIZES.get(self.device.partition(":")[0], BATCH_SIZES["cpu"])
 
     @cached_property
     def model(self) -> Any:

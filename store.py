@@ -109,12 +109,13 @@ def _is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
-def connect(uri: str) -> Any:
-    """A LanceDB connection to the warehouse (a local folder is created) that sees every commit at once."""
+def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
+    """A LanceDB connection to the warehouse (a local folder is created) that sees every commit at
+    once; ``storage_options`` configure an object store."""
     if _is_local(uri):
         Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     try:
-        return lancedb.connect(uri, read_consistency_interval=timedelta(0))
+        return lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=dict(storage_options or {}) or None)
     except Exception as exc:  # lancedb raises plain exceptions for bad URIs
         raise WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
 
@@ -136,10 +137,10 @@ def open_table(db: Any, name: str, schema: pa.Schema) -> Any:
 class Store:
     """The warehouse's tables: ``chunks``, ``sources``, ``acl_clauses`` and ``policies``."""
 
-    def __init__(self, uri: str, *, dimension: int) -> None:
+    def __init__(self, uri: str, *, dimension: int, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.dimension = dimension
-        self.db = connect(uri)
+        self.db = connect(uri, storage_options)
         self._refuse_missing_tables()
         self.sources = self._table(SOURCES, SOURCES_SCHEMA)
         self.clauses = self._table(CLAUSES, CLAUSES_SCHEMA)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from .config import Settings
+from .config import INGEST_ENGINES, IngestEngineName, Settings
 from .embedder import MODEL_NAME, Embedder
 from .errors import (
     ConfigurationError,
@@ -76,7 +76,7 @@ class Warehouse:
     def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.embedder = embedder or Embedder.from_settings(settings)
-        self.store = Store(settings.warehouse, dimension=self.embedder.dimension)
+        self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options)
         self.audit = AuditLog(self.store.db, key=settings.audit_key)
         self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
         if settings.policy:
@@ -248,8 +248,12 @@ class Warehouse:
         acl_from: str | None = None,
         tenant: str | None = None,
         progress: bool | None = False,
+        engine: IngestEngineName = "local",
     ) -> IngestReport:
-        """Ingest files, folders and JSONL files; returns a report of what was written and refused."""
+        """Ingest files, folders and JSONL files; returns a report of what was written and refused.
+
+        ``engine`` ``ray`` chunks and embeds on a Ray cluster (``ingest.ray_engine``); the result
+        is the same as a local ingest's."""
         items = [paths] if isinstance(paths, str | Path) else list(paths)
         outcomes = iter_sources(
             items,
@@ -259,7 +263,7 @@ class Warehouse:
             max_bytes=self.settings.max_file_bytes,
         )
         sources = [str(Path(p).resolve()) for p in items]
-        return self._governed("ingest", None, None, lambda _: self._run(outcomes, progress, sources), _ingested)
+        return self._governed("ingest", None, None, lambda _: self._run(outcomes, progress, sources, engine), _ingested)
 
     @_names_storage_failures
     def ingest_records(
@@ -270,6 +274,7 @@ class Warehouse:
         subject: str | None = None,
         tenant: str | None = None,
         actor: str | None = None,
+        engine: IngestEngineName = "local",
     ) -> IngestReport:
         """Ingest records given as dicts in the JSONL format of DESIGN §6.
 
@@ -285,11 +290,16 @@ class Warehouse:
                 for n, record in enumerate(records, start=1)
                 for outcome in _confined_outcomes(record, f"record {n}", confined)
             )
-            return self._run(outcomes, progress, sources)
+            return self._run(outcomes, progress, sources, engine)
 
         return self._governed("ingest", subject, tenant, run, _ingested, actor=actor)
 
-    def _run(self, outcomes: Iterable[Any], progress: bool | None, sources: list[str]) -> IngestReport:
+    def _run(
+        self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local"
+    ) -> IngestReport:
+        if engine not in INGEST_ENGINES:
+            raise InvalidRequestError(f"ingest engine {engine!r} is not one of {', '.join(INGEST_ENGINES)}")
+
         def ingest() -> IngestReport:
             return run_ingest(
                 outcomes,
@@ -298,6 +308,8 @@ class Warehouse:
                 overlap=self.settings.chunk_overlap,
                 batch_docs=self.settings.write_batch_docs,
                 progress=progress,
+                engine=self._ray_engine() if engine == "ray" else None,
+                window_docs=self.settings.embed_window_docs,
             )
 
         def output(report: IngestReport) -> ChunksOutput:
@@ -311,6 +323,11 @@ class Warehouse:
             return self._chunks_output(report.chunks, chunking=chunking, embedding=self._embedding, governance=governance)
 
         return self._tracked("ingest", sources, ingest, output)
+
+    def _ray_engine(self) -> Any:
+        from .ingest.ray_engine import RayEngine, spec_of
+
+        return RayEngine(spec_of(self.settings, self.embedder.cache_dir), actors=self.settings.ray_actors)
 
     # -- retrieval ----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ..config import Settings
+from ..config import INGEST_ENGINES, Settings
 from ..governance.policy import Policy
 from ..ingest.lifecycle import DERIVED_KINDS
 from ..retrieval.search import MAX_K, MODES
@@ -33,6 +33,8 @@ def main() -> None:
 @click.option("--tenant", help="Tenant for files whose governance names none (with --acl-from posix).")
 @click.option("--skip-invalid", is_flag=True, help="Exit 0 even if some inputs were rejected (they are listed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--engine", type=click.Choice(INGEST_ENGINES), default="local", show_default=True,
+              help="Chunk and embed in this process, or on a Ray cluster (RAY_ADDRESS, else a local one).")  # fmt: skip
 @_common_options
 def ingest(
     paths: tuple[str, ...],
@@ -41,6 +43,7 @@ def ingest(
     tenant: str | None,
     skip_invalid: bool,
     as_json: bool,
+    engine: str,
     settings: Settings,
 ) -> None:
     """Ingest JSONL records, files and folders (txt, md, html, pdf) with their governance.
@@ -49,7 +52,9 @@ def ingest(
     Any rejected input makes the exit status non-zero unless --skip-invalid is given.
     """
     warehouse = Warehouse(settings)
-    report = warehouse.ingest(list(paths), manifest=manifest, acl_from=acl_from, tenant=tenant, progress=None)
+    report = warehouse.ingest(
+        list(paths), manifest=manifest, acl_from=acl_from, tenant=tenant, progress=None, engine=engine  # type: ignore[arg-type]
+    )
     if as_json:
         click.echo(
             json.dumps(

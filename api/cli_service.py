@@ -70,7 +70,7 @@ def apikey() -> None:
 
 
 def _keys(settings: Settings) -> ApiKeys:
-    return ApiKeys(connect(settings.warehouse))
+    return ApiKeys(connect(settings.warehouse, settings.storage_options))
 
 
 @apikey.command("create")

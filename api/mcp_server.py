@@ -373,7 +373,7 @@ def run_stdio(settings: Settings) -> None:
             "set RAGWARDEN_TOKEN to the token or API key of the user this MCP server acts for; "
             "over stdio it serves no one without it"
         )
-    _verified(Authenticator(settings.auth, ApiKeys(connect(settings.warehouse))), credential)
+    _verified(Authenticator(settings.auth, ApiKeys(connect(settings.warehouse, settings.storage_options))), credential)
     warehouse = Warehouse(settings)
     authenticator = Authenticator(settings.auth, ApiKeys(warehouse.store.db))
     identity = _verified(authenticator, credential)

@@ -127,6 +127,7 @@ def run_ingest_bench(
         texts: list[str] = []
         for backend in backends:
             embedder = Embedder(backend=backend, batch_size=batch, cache_dir=cache_dir or settings.embed_cache_dir)
+            figures["batch_size"] = embedder.batch_size
             setup = _timed(lambda e=embedder: e.encode(["warm up the model (and export it, the first time)"]))
             texts = texts or _chunk_texts(folder, limit, embedder, settings.chunk_overlap)
             bare = _timed(_bare_encoder(embedder, texts))

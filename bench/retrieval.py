@@ -24,6 +24,7 @@ from ragwarden.config import Settings
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.visibility import check_row
 from ragwarden.indexing import has_vector_index
+from ragwarden.retrieval.hits import Hit
 from ragwarden.retrieval.search import INDEX_NPROBES, INDEX_REFINE_FACTOR, RESULT_COLUMNS, Searcher
 from ragwarden.warehouse import Warehouse
 
@@ -163,9 +164,12 @@ class RagwardenSystems:
     def stages(self, subject: str, qs: np.ndarray) -> dict[str, float]:
         """Median milliseconds of each stage of a governed search: the freshness check of the
         clause and label registries (two table-version reads), the cached compile (the filter
-        cache lookup), plan and search, post-check, receipt. The registry check is timed on its
-        own so the lookup is not charged with it."""
-        timings: dict[str, list[float]] = {"registry check": [], "compile": [], "search": [], "check": [], "receipt": []}
+        cache lookup), plan and search, the post-check's decisions, building the hits, receipt.
+        The registry check is timed on its own so the lookup is not charged with it, and the hits
+        apart from the check, since any search, governed or not, builds its results."""
+        timings: dict[str, list[float]] = {
+            "registry check": [], "compile": [], "search": [], "check": [], "hits": [], "receipt": []
+        }  # fmt: skip
         from ragwarden.governance.audit import Receipt
 
         for q in qs:
@@ -176,14 +180,17 @@ class RagwardenSystems:
             t2 = time.perf_counter()
             ranked, version = self.searcher.rank("q", q, where, K, "vector")
             t3 = time.perf_counter()
-            hits, _ = self.searcher.post_check(ranked, self.policy, subject, TENANT, version, registries.clauses)
+            admitted, _ = self.searcher.admitted(ranked, self.policy, subject, TENANT, registries.clauses)
             t4 = time.perf_counter()
+            hits = [Hit.of_row(row, score=score, reason=reason, table_version=version, policy_version=self.policy.version)
+                    for row, score, reason in admitted]  # fmt: skip
+            t4b = time.perf_counter()
             self.warehouse.audit.append(
                 Receipt(kind="retrieval", operation="search", subject=subject, tenant=TENANT, allowed=True,
                         reason="stage timing", chunk_ids=tuple(h.chunk_id for h in hits))
             )  # fmt: skip
             t5 = time.perf_counter()
-            spans = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+            spans = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4b - t4, t5 - t4b)
             for name, seconds in zip(timings, spans, strict=True):
                 timings[name].append(seconds * 1000)
         return {name: float(np.median(values)) for name, values in timings.items()}

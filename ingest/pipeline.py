@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -15,7 +16,17 @@ from ..embedder import Embedder
 from ..store import Store
 from .files import iter_file_sources
 from .records import Outcome, Rejected, Skipped, SourceRecord, read_jsonl
-from .writer import DocumentWriter
+from .writer import BatchResult, DocumentWriter
+
+
+class IngestEngine(Protocol):
+    """Where documents are chunked and embedded: ``write_many`` writes decided batches through
+    ``writer`` (one commit each, whole documents only), ``window_docs`` documents at a time."""
+
+    window_docs: int
+
+    def write_many(self, writer: DocumentWriter, batches: Sequence[Sequence[SourceRecord]]) -> list[BatchResult]: ...
+
 
 EMBED_WINDOW_DOCS = 512
 """Documents whose new text is embedded in one call, written in commits of ``batch_docs``: enough
@@ -98,11 +109,14 @@ def run_ingest(
     overlap: int,
     batch_docs: int,
     progress: bool | None = None,
+    engine: IngestEngine | None = None,
+    window_docs: int = EMBED_WINDOW_DOCS,
 ) -> IngestReport:
     """Write every valid record, batch by batch; each batch is one commit.
 
-    Batches are written a window at a time (about ``EMBED_WINDOW_DOCS`` documents) so the window's
-    text is embedded in one call; commits stay one per batch.
+    Batches are written a window at a time (about ``window_docs`` documents, or the engine's
+    window) so the window's text is embedded in one call; commits stay one per batch.
+    ``engine`` chunks and embeds elsewhere (``ray_engine.RayEngine``); by default, in this process.
     """
     started = time.perf_counter()
     run_id = str(uuid.uuid4())
@@ -113,7 +127,8 @@ def run_ingest(
     unchanged = chunks = 0
     batch: list[SourceRecord] = []
     window: list[list[SourceRecord]] = []
-    window_batches = max(1, EMBED_WINDOW_DOCS // batch_docs)
+    window_batches = max(1, (engine.window_docs if engine else window_docs) // batch_docs)
+    write_many = writer.write_many if engine is None else (lambda batches: engine.write_many(writer, batches))
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(desc="ingest", unit="doc", disable=not show, file=sys.stderr)
 
@@ -124,7 +139,7 @@ def run_ingest(
             batch.clear()
         if len(window) < window_batches and not final:
             return
-        for records, result in zip(window, writer.write_many(window), strict=True):
+        for records, result in zip(window, write_many(window), strict=True):
             written.extend(result.written)
             unchanged += len(result.unchanged)
             chunks += result.chunks

@@ -38,12 +38,17 @@ class SourceRecord:
     @property
     def version(self) -> str:
         """Content hash of the text: a new version whenever the text changes."""
-        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:32]
+        return document_version(self.text)
 
     @property
     def key(self) -> tuple[str, str]:
         """(tenant, doc id): the id names the document within its tenant only."""
         return (self.tags.tenant, self.doc_id)
+
+
+def document_version(text: str) -> str:
+    """A document's version: the content hash of its text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 import pyarrow as pa
 
@@ -20,7 +21,18 @@ from ..schema import SOURCES_SCHEMA, TAG_COLUMNS
 from ..store import DocumentKey, Store
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
-from .records import Rejected, SourceRecord
+from .records import Rejected, SourceRecord, document_version
+
+
+def chunk_document(
+    text: str, *, tenant: str, doc_id: str, tokenizer: Any, window: int, overlap: int
+) -> list[tuple[Chunk, str]]:
+    """A document's chunks, each with its chunk id: the same wherever it runs."""
+    version = document_version(text)
+    return [
+        (c, chunk_id(tenant, doc_id, version, c.position, c.text))
+        for c in chunk_text(text, tokenizer, window=window, overlap=overlap)
+    ]
 
 
 def chunk_id(tenant: str, doc_id: str, doc_version: str, position: int, text: str) -> str:
@@ -42,7 +54,7 @@ class BatchResult:
 
 
 @dataclass(kw_only=True)
-class _Plan:
+class BatchPlan:
     """One batch decided but not yet written: embedding happens between planning and commit."""
 
     changed: list[SourceRecord]
@@ -87,8 +99,24 @@ class DocumentWriter:
             fresh = dict(zip(texts, (v.tolist() for v in embedded), strict=True))
         return [self._commit(plan, fresh) for plan in plans]
 
-    def _plan(self, records: Sequence[SourceRecord]) -> _Plan:
+    def _plan(self, records: Sequence[SourceRecord]) -> BatchPlan:
         """What one batch will write: its changed records chunked, and the chunk texts not yet embedded."""
+        plan = self.decide(records)
+        if not plan.changed:
+            return plan
+        window, tokenizer = self.embedder.max_tokens, self.embedder.tokenizer
+        plan.chunked = [
+            (r, chunk_document(r.text, tenant=r.tags.tenant, doc_id=r.doc_id, tokenizer=tokenizer, window=window, overlap=self.overlap))
+            for r in plan.changed
+        ]
+        plan.vectors = self.store.vectors_of(cid for _, chunks in plan.chunked for _, cid in chunks)
+        plan.to_embed = {
+            cid: chunk.text for _, chunks in plan.chunked for chunk, cid in chunks if cid not in plan.vectors
+        }
+        return plan
+
+    def decide(self, records: Sequence[SourceRecord]) -> BatchPlan:
+        """Which records of one batch changed (and will be written) and which are unchanged."""
         states = self.store.source_states(r.key for r in records)
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
@@ -103,22 +131,18 @@ class DocumentWriter:
             else:
                 changed.append(record)
         existing = {r.key for r in changed if r.key in states}
-        plan = _Plan(changed=changed, unchanged=unchanged, rejected=rejected, existing=existing)
-        if not changed:
-            return plan
-        window = self.embedder.max_tokens
-        tokenizer = self.embedder.tokenizer
-        for record in changed:
-            chunks = chunk_text(record.text, tokenizer, window=window, overlap=self.overlap)
-            ids = [chunk_id(record.tags.tenant, record.doc_id, record.version, c.position, c.text) for c in chunks]
-            plan.chunked.append((record, list(zip(chunks, ids, strict=True))))
-        plan.vectors = self.store.vectors_of(cid for _, chunks in plan.chunked for _, cid in chunks)
-        plan.to_embed = {
-            cid: chunk.text for _, chunks in plan.chunked for chunk, cid in chunks if cid not in plan.vectors
-        }
-        return plan
+        return BatchPlan(changed=changed, unchanged=unchanged, rejected=rejected, existing=existing)
 
-    def _commit(self, plan: _Plan, fresh: dict[str, list[float]]) -> BatchResult:
+    def commit_embedded(
+        self, plan: BatchPlan, chunked: Sequence[Sequence[tuple[Chunk, str]]], vectors: dict[str, list[float]]
+    ) -> BatchResult:
+        """Commit a decided batch whose changed records were chunked and embedded elsewhere (a Ray
+        actor): ``chunked`` holds each changed record's chunks with their ids, in order."""
+        plan.chunked = list(zip(plan.changed, (list(c) for c in chunked), strict=True))
+        plan.vectors = vectors
+        return self._commit(plan, {})
+
+    def _commit(self, plan: BatchPlan, fresh: dict[str, list[float]]) -> BatchResult:
         """Write one planned batch, with the vectors embedded for it, in one commit."""
         if not plan.changed:
             return BatchResult(written=[], unchanged=plan.unchanged, rejected=plan.rejected, chunks=0)

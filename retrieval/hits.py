@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..governance.tags import Classification
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)  # slots: built once per result, on the hot path
 class Hit:
     """One retrieved chunk, with its citation, its governance and why the caller could see it."""
 
@@ -43,3 +45,25 @@ class Hit:
             "table_version": self.table_version,
             "policy_version": self.policy_version,
         }
+
+    @classmethod
+    def of_row(
+        cls, row: Mapping[str, Any], *, score: float, reason: str, table_version: int, policy_version: str
+    ) -> Hit:
+        """The hit for a ``chunks`` row the caller was admitted to, at ``table_version``."""
+        return cls(
+            chunk_id=row["chunk_id"],
+            doc_id=row["doc_id"],
+            source_uri=row["source_uri"],
+            text=row["text"],
+            score=score,
+            labels=tuple(row["labels"]),
+            classification=Classification(row["classification"]),
+            kind=row["kind"],
+            parents=tuple(row["parents"]),
+            doc_version=row["doc_version"],
+            position=row["position"],
+            reason=reason,
+            table_version=table_version,
+            policy_version=policy_version,
+        )

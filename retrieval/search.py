@@ -21,7 +21,7 @@ from ..embedder import Embedder
 from ..errors import InvalidRequestError
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
-from ..governance.tags import Classification, principal_problem, tenant_problem
+from ..governance.tags import principal_problem, tenant_problem
 from ..governance.visibility import check_row
 from ..indexing import has_vector_index, vector_index_partitions
 from ..store import Registries, Store
@@ -88,12 +88,12 @@ class DecisionMemo:
         self, policy: Policy, subject: str, tenant: str, row: Mapping[str, Any], registry: Mapping[str, Sequence[str]]
     ) -> Decision:
         """``check_row``'s decision, remembered for rows tagged alike."""
-        try:
-            lists = tuple(tuple(row[c]) for c in ("acl_allow", "acl_deny", "acl_clauses", "labels"))
-            tags = (row["tenant"], *lists, row["classification"])
-            hash(tags)
-        except (KeyError, TypeError):
-            return check_row(policy, subject, tenant, row, registry)  # not memoisable: decided (and refused) afresh
+        return self.decider(policy, subject, tenant, registry)(row)
+
+    def decider(
+        self, policy: Policy, subject: str, tenant: str, registry: Mapping[str, Sequence[str]]
+    ) -> Callable[[Mapping[str, Any]], Decision]:
+        """``check`` for one caller: the caller's memo is looked up once, for all the rows of a search."""
         key = (policy.version, subject, tenant)
         with self._lock:
             held = self._items.get(key)
@@ -102,13 +102,24 @@ class DecisionMemo:
                 self._items[key] = held
                 while len(self._items) > self._size:
                     self._items.popitem(last=False)
-            decision = held[1].get(tags)
-        if decision is None:
-            decision = check_row(policy, subject, tenant, row, registry)
-            with self._lock:
-                if len(held[1]) < self._per_caller:
-                    held[1][tags] = decision
-        return decision
+            else:
+                self._items.move_to_end(key)
+        decided = held[1]
+
+        def decide(row: Mapping[str, Any]) -> Decision:
+            try:
+                tags = (row["tenant"], tuple(row["acl_allow"]), tuple(row["acl_deny"]), tuple(row["acl_clauses"]),
+                        tuple(row["labels"]), row["classification"])  # fmt: skip
+                decision = decided.get(tags)
+            except (KeyError, TypeError):
+                return check_row(policy, subject, tenant, row, registry)  # not memoisable: decided (and refused) afresh
+            if decision is None:
+                decision = check_row(policy, subject, tenant, row, registry)
+                if len(decided) < self._per_caller:
+                    decided[tags] = decision  # one dict store: atomic, so no lock is needed
+            return decision
+
+        return decide
 
 
 def validate_request(query: str, subject: str, tenant: str, k: int, mode: str) -> None:
@@ -230,7 +241,9 @@ class Searcher:
         if row is None:
             return None
         decision = check_row(policy, subject, tenant, row, self.store.clause_registry())
-        return _hit(row, 1.0, decision.reason, version, policy) if decision.allowed else None
+        if not decision.allowed:
+            return None
+        return Hit.of_row(row, score=1.0, reason=decision.reason, table_version=version, policy_version=policy.version)
 
     def rank(
         self, query: str, vector: np.ndarray | None, where: str, k: int, mode: str
@@ -338,33 +351,32 @@ class Searcher:
     ) -> tuple[list[Hit], int]:
         """Every candidate re-checked by the enforcer (against ``clauses``, the clause registry the
         filter was compiled with, else the current one): the hits, and how many it withheld."""
-        registry = self.store.clause_registry() if clauses is None else clauses
-        hits: list[Hit] = []
-        withheld = 0
-        for row, score in ranked:
-            decision = self.decisions.check(policy, subject, tenant, row, registry)
-            if not decision.allowed:
-                log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
-                withheld += 1
-                continue
-            hits.append(_hit(row, score, decision.reason, version, policy))
+        admitted, withheld = self.admitted(ranked, policy, subject, tenant, clauses)
+        hits = [
+            Hit.of_row(row, score=score, reason=reason, table_version=version, policy_version=policy.version)
+            for row, score, reason in admitted
+        ]
         return hits, withheld
 
-
-def _hit(row: dict[str, Any], score: float, reason: str, version: int, policy: Policy) -> Hit:
-    return Hit(
-        chunk_id=row["chunk_id"],
-        doc_id=row["doc_id"],
-        source_uri=row["source_uri"],
-        text=row["text"],
-        score=score,
-        labels=tuple(row["labels"]),
-        classification=Classification(row["classification"]),
-        kind=row["kind"],
-        parents=tuple(row["parents"]),
-        doc_version=row["doc_version"],
-        position=row["position"],
-        reason=reason,
-        table_version=version,
-        policy_version=policy.version,
-    )
+    def admitted(
+        self,
+        ranked: list[tuple[dict[str, Any], float]],
+        policy: Policy,
+        subject: str,
+        tenant: str,
+        clauses: Mapping[str, Sequence[str]] | None = None,
+    ) -> tuple[list[tuple[dict[str, Any], float, str]], int]:
+        """The post-check's decisions alone: each candidate the enforcer admits, with its score and
+        the reason, and how many it withheld."""
+        registry = self.store.clause_registry() if clauses is None else clauses
+        decide = self.decisions.decider(policy, subject, tenant, registry)
+        admitted: list[tuple[dict[str, Any], float, str]] = []
+        withheld = 0
+        for row, score in ranked:
+            decision = decide(row)
+            if decision.allowed:
+                admitted.append((row, score, decision.reason))
+            else:
+                log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
+                withheld += 1
+        return admitted, withheld

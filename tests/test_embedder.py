@@ -9,7 +9,7 @@ import pytest
 
 from ragwarden import embedder as embedder_module
 from ragwarden.config import Settings
-from ragwarden.embedder import Embedder, export_path
+from ragwarden.embedder import BATCH_SIZES, Embedder, choose_device, export_path
 from ragwarden.errors import ConfigurationError
 from ragwarden.ingest.chunking import chunk_text
 from ragwarden.warehouse import Warehouse
@@ -107,3 +107,23 @@ def test_the_backend_setting_reaches_the_warehouse_embedder(tmp_path: Path, cach
     embedder = Warehouse(settings).embedder
     assert (embedder.backend, embedder.cache_dir) == ("onnx", cache)
     assert embedder.name.endswith("+onnx")
+
+
+@pytest.mark.parametrize(
+    ("device", "backend", "cuda", "chosen"),
+    [("auto", "torch", True, "cuda"), ("auto", "torch", False, "cpu"), ("auto", "onnx", True, "cpu"),
+     ("cpu", "torch", True, "cpu"), ("cuda:1", "torch", False, "cuda:1")],  # fmt: skip
+)
+def test_auto_takes_a_gpu_when_torch_sees_one_and_the_backend_can_use_it(device, backend, cuda, chosen):
+    assert choose_device(device, backend=backend, cuda_available=cuda) == chosen
+
+
+def test_the_batch_size_follows_the_device_unless_set():
+    import torch
+
+    here = Embedder()
+    assert here.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert here.batch_size == BATCH_SIZES[here.device]
+    assert Embedder(batch_size=7).batch_size == 7
+    with pytest.raises(ConfigurationError, match="runs on the CPU only"):
+        Embedder(backend="onnx", device="cuda")

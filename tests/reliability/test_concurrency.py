@@ -12,7 +12,7 @@ from support import warehouse_workers
 
 from ragwarden.warehouse import Warehouse
 
-DOCUMENTS, ROUNDS = 6, 4
+DOCUMENTS, ROUNDS = 6, 3
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ also when two processes flush the same spool at the same time."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 from support.lineage_receiver import Receiver, closed_port
 from support.lineage_workers import emit_runs
+from support.spawned import run_together
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
@@ -98,17 +98,7 @@ def test_two_processes_flushing_one_spool_deliver_each_event_once(tmp_path: Path
     assert len(spooled(folder)) == 20
     backend = receiver(port)
 
-    spawn = multiprocessing.get_context("spawn")
-    start = spawn.Event()
-    results = [tmp_path / f"writer-{n}.json" for n in range(2)]
-    workers = [spawn.Process(target=emit_runs, args=(str(folder), backend.url, 25, start, str(r))) for r in results]
-    for worker in workers:
-        worker.start()
-    start.set()
-    for worker in workers:
-        worker.join(180)
-        assert worker.exitcode == 0
-    outcomes = [json.loads(r.read_text()) for r in results]
+    outcomes = run_together(emit_runs, [(str(folder), backend.url, 25)] * 2, tmp_path, timeout=180)
     assert not [e for o in outcomes for e in o["errors"]], outcomes
 
     with LineageEmitter(str(folder), folder / "_lineage", http_env(backend.url)) as later:

@@ -30,7 +30,7 @@ def writer(uri: str, prefix: str, documents: int, rounds: int, start: Any, resul
 
     outcome: dict[str, Any] = {"errors": [], "rounds": 0}
     try:
-        warehouse = Warehouse(Settings(warehouse=uri))
+        warehouse = Warehouse(Settings.from_env(warehouse=uri))
         start.wait(120)
         for round_ in range(rounds):
             report = warehouse.ingest_records([document(f"{prefix}-{i}", round_) for i in range(documents)])
@@ -50,7 +50,7 @@ def reader(uri: str, subject: str, stop: str, start: Any, result: str) -> None:
 
     outcome: dict[str, Any] = {"errors": [], "torn": [], "searches": 0, "hits": 0}
     try:
-        warehouse = Warehouse(Settings(warehouse=uri))
+        warehouse = Warehouse(Settings.from_env(warehouse=uri))
         start.wait(120)
         deadline = time.monotonic() + 600
         while not Path(stop).exists() and time.monotonic() < deadline:

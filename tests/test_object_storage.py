@@ -1,0 +1,128 @@
+"""A warehouse on object storage (``s3://bucket/prefix``) works as one in a local folder: ingest,
+search, derive, sync, forget with its purge, audit receipts, lineage and policy versions, and
+writers in separate processes commit safely. The object store is a real S3-compatible server on
+127.0.0.1 (``support.s3_server``)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import warehouse_workers
+from support.s3_server import S3Server
+from support.spawned import run_together
+
+from ragwarden.config import Settings, storage_options_from_env
+from ragwarden.embedder import Embedder
+from ragwarden.errors import ConfigurationError, NotFoundError, WarehouseError
+from ragwarden.policies import policy_file
+from ragwarden.warehouse import Warehouse
+
+BUCKET = "lake"
+SENTINEL = "Quillfeather-7731 restructuring memo"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    server = S3Server()
+    server.create_bucket(BUCKET)
+    yield server
+    server.stop()
+
+
+def aws_env(server: S3Server) -> dict[str, str]:
+    """What an operator sets for an S3-compatible endpoint: the standard AWS variables."""
+    return {"AWS_ENDPOINT_URL": server.endpoint, "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test", "AWS_ALLOW_HTTP": "true"}  # fmt: skip
+
+
+@pytest.fixture
+def s3_warehouse(s3: S3Server, tmp_path: Path, embedder: Embedder) -> Warehouse:
+    """A fresh warehouse under its own prefix of the bucket, the demo policy installed."""
+    settings = Settings.from_env(aws_env(s3), warehouse=f"s3://{BUCKET}/{uuid.uuid4().hex}", lineage_dir=tmp_path / "lineage")
+    warehouse = Warehouse(settings, embedder=embedder)
+    warehouse.install_policy(policy_file("demo.csv"))
+    return warehouse
+
+
+def objects_holding(server: S3Server, warehouse: Warehouse, needle: bytes) -> list[str]:
+    prefix = warehouse.uri.removeprefix(f"s3://{BUCKET}/")
+    return [key for key in server.keys(BUCKET, prefix) if needle in server.buckets[BUCKET][key].body]
+
+
+def test_the_standard_aws_variables_and_a_json_setting_configure_the_object_store() -> None:
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_DEFAULT_REGION": "eu-west-1", "AWS_REGION": "us-east-1",
+           "AWS_ACCESS_KEY_ID": "k", "RAGWARDEN_STORAGE_OPTIONS": '{"allow_http": true, "aws_region": "ap-south-1"}'}  # fmt: skip
+    assert storage_options_from_env(env) == {
+        "aws_endpoint": "http://127.0.0.1:9", "aws_region": "ap-south-1", "aws_access_key_id": "k", "allow_http": "true"
+    }  # fmt: skip
+    assert "s3cr3t-value" not in repr(Settings(storage_options={"aws_secret_access_key": "s3cr3t-value"}))
+    for bad in ("{not json", '["allow_http"]', '{"allow_http": {"nested": 1}}'):
+        with pytest.raises(ConfigurationError, match="RAGWARDEN_STORAGE_OPTIONS"):
+            storage_options_from_env({"RAGWARDEN_STORAGE_OPTIONS": bad})
+
+
+def test_every_operation_works_on_object_storage_as_on_a_folder(s3: S3Server, s3_warehouse: Warehouse) -> None:
+    wh = s3_warehouse
+    report = wh.ingest(Path(__file__).parents[1] / "examples" / "demo" / "corpus.jsonl")
+    assert report.ok and report.documents > 10
+    secret = {"id": "memo-q", "text": f"The {SENTINEL} stays with the deal team.", "tenant": "acme",
+              "acl": {"allow": ["group:deal-team"]}, "labels": ["mna"], "classification": "restricted"}  # fmt: skip
+    assert wh.ingest_records([secret]).ok
+
+    carol = wh.search(SENTINEL, subject="user:carol", tenant="acme", k=3)
+    assert carol[0].doc_id == "memo-q"
+    assert "memo-q" not in {h.doc_id for h in wh.search(SENTINEL, subject="user:dave", tenant="acme", k=10)}
+    note = wh.derive("Deal memo noted.", parents=[carol[0].chunk_id], subject="user:carol", tenant="acme")
+    assert note.tags.labels == frozenset({"mna"})
+
+    assert wh.get_chunk(note.chunk_id, subject="user:carol", tenant="acme").chunk_id == note.chunk_id
+    wh.sync([{**secret, "acl": {"allow": ["user:olivia"]}}])  # carol loses the memo, and the note derived from it
+    assert "memo-q" not in {h.doc_id for h in wh.search(SENTINEL, subject="user:carol", tenant="acme", k=10)}
+    with pytest.raises(NotFoundError):
+        wh.get_chunk(note.chunk_id, subject="user:carol", tenant="acme")
+
+    assert objects_holding(s3, wh, SENTINEL.encode()), "positive control: the text is in the bucket before forget"
+    forgotten = wh.forget("memo-q", reason="erasure request")
+    assert (forgotten.chunks, forgotten.derived) == (1, 1)
+    assert objects_holding(s3, wh, SENTINEL.encode()) == []
+    assert all(h.doc_id != "memo-q" for h in wh.search(SENTINEL, subject="user:carol", tenant="acme", k=10, mode="fts"))
+
+    chain = wh.audit.verify()
+    assert chain.ok and chain.receipts >= 5, chain
+    assert {r.operation for r in wh.audit.query()} >= {"search", "derive", "sync", "forget"}
+    events = sorted((Path(wh.settings.lineage_dir) / "events").glob("*.json"))
+    jobs = {json.loads(p.read_text())["job"]["name"] for p in events}
+    assert {"ragwarden.ingest", "ragwarden.derive", "ragwarden.sync", "ragwarden.forget"} <= jobs
+
+    first = wh.policy.version
+    wh.install_policy_text(policy_file("demo.csv").read_text(encoding="utf-8") + "\np, user:dave, acme, label:mna, read, allow\n",
+                           subject="user:admin", tenant="acme")  # fmt: skip
+    reopened = Warehouse(wh.settings, embedder=wh.embedder)  # a fresh process sees what was committed
+    assert reopened.policy.version != first
+    assert reopened.store.chunks.count_rows() == wh.store.chunks.count_rows()
+
+
+def test_a_bucket_that_does_not_exist_is_a_clear_error(s3: S3Server, embedder: Embedder, tmp_path: Path) -> None:
+    settings = Settings.from_env(aws_env(s3), warehouse="s3://no-such-bucket/wh", lineage_dir=tmp_path)
+    with pytest.raises(WarehouseError, match="no-such-bucket"):
+        Warehouse(settings, embedder=embedder)
+
+
+@pytest.mark.slow  # spawns four interpreters
+def test_writers_in_separate_processes_commit_safely(s3: S3Server, s3_warehouse: Warehouse, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    for name, value in aws_env(s3).items():  # what the spawned processes are configured with
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RAGWARDEN_LINEAGE_DIR", str(tmp_path / "lineage"))
+    outcomes = run_together(warehouse_workers.writer, [(s3_warehouse.uri, f"w{w}", 3, 2) for w in (1, 2)], tmp_path)
+    assert outcomes == [{"errors": [], "rounds": 2}] * 2
+
+    final = s3_warehouse.search("ledger budget forecast round", subject="user:alice", tenant="acme", k=100)
+    assert {hit.doc_id for hit in final} == {f"w{w}-{i}" for w in (1, 2) for i in range(3)}
+    assert all("Round 1 of " in hit.text for hit in final), "a commit was lost: an older round survived"
+    rows = s3_warehouse.store.chunks.search().select(["chunk_id"]).limit(None).to_list()
+    assert len(rows) == len({r["chunk_id"] for r in rows})
