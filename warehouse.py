@@ -9,6 +9,7 @@ the policy's grant of the operation in its tenant, and touches nothing outside t
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,6 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from .config import INGEST_ENGINES, IngestEngineName, Settings
 from .embedder import MODEL_NAME, Embedder
 from .errors import (
-    ConfigurationError,
     InvalidPolicyError,
     InvalidRequestError,
     InvalidSourceError,
@@ -92,12 +92,13 @@ class Warehouse:
         return self.settings.warehouse
 
     def _lineage_dir(self) -> Path:
+        """The lineage spool's folder: the setting, else ``_lineage`` in a local warehouse, else (a
+        spool needs a file lock, which an object store has not) a per-user folder for this warehouse."""
         if self.settings.lineage_dir is not None:
             return self.settings.lineage_dir
         if self.store.local_path is None:
-            raise ConfigurationError(
-                f"warehouse {self.uri!r} is not a local folder: set RAGWARDEN_LINEAGE_DIR for the lineage spool"
-            )
+            digest = hashlib.sha256(self.uri.encode("utf-8")).hexdigest()[:16]
+            return Path.home() / ".local" / "state" / "ragwarden" / "lineage" / digest
         return self.store.local_path / "_lineage"
 
     def _tracked(

@@ -9,9 +9,11 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import warehouse_workers
+from support.lineage_receiver import closed_port
 from support.s3_server import S3Server
 from support.spawned import run_together
 
@@ -126,3 +128,24 @@ def test_writers_in_separate_processes_commit_safely(s3: S3Server, s3_warehouse:
     assert all("Round 1 of " in hit.text for hit in final), "a commit was lost: an older round survived"
     rows = s3_warehouse.store.chunks.search().select(["chunk_id"]).limit(None).to_list()
     assert len(rows) == len({r["chunk_id"] for r in rows})
+
+
+def test_the_lineage_spool_of_an_object_store_warehouse_works_without_configuration(
+    s3: S3Server, tmp_path: Path, embedder: Embedder, receiver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events wait in a per-user folder for the warehouse (an object store has no file lock for a
+    spool) while the lineage backend is down, and reach it once when it is back."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    port = closed_port()
+    lineage = {"OPENLINEAGE__TRANSPORT__TYPE": "http", "OPENLINEAGE__TRANSPORT__URL": f"http://127.0.0.1:{port}"}
+    settings = Settings.from_env(aws_env(s3) | lineage, warehouse=f"s3://{BUCKET}/{uuid.uuid4().hex}")
+    warehouse = Warehouse(settings, embedder=embedder)
+    warehouse.install_policy(policy_file("demo.csv"))
+    assert warehouse.ingest_records([{"id": "n1", "text": "A note.", "tenant": "acme", "acl": {"allow": ["everyone"]},
+                                        "classification": "public"}]).ok
+
+    spooled = sorted((tmp_path / ".local" / "state" / "ragwarden" / "lineage").glob("*/spool/*.json"))
+    assert [json.loads(p.read_text())["eventType"] for p in spooled] == ["START", "COMPLETE"]
+    backend = receiver(port)
+    assert warehouse.openlineage.flush().sent == 2
+    assert [e["eventType"] for e in backend.events] == ["START", "COMPLETE"]
