@@ -17,6 +17,7 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -75,31 +76,34 @@ class RayEngine:
 
     def write_many(self, writer: DocumentWriter, batches: Sequence[Sequence[SourceRecord]]) -> list[BatchResult]:
         plans = [writer.decide(records) for records in batches]
-        changed = [(p, record) for p, plan in enumerate(plans) for record in plan.changed]
-        results: list[BatchResult | None] = [None] * len(plans)
-        waiting = {p: {n for n, (q, _) in enumerate(changed) if q == p} for p in range(len(plans))}
+        changed = [record for plan in plans for record in plan.changed]
+        plan_of = [p for p, plan in enumerate(plans) for _ in plan.changed]  # document n belongs to plan_of[n]
+        first = [0, *accumulate(len(plan.changed) for plan in plans)]  # plan p's documents start at first[p]
+        remaining = [len(plan.changed) for plan in plans]
         chunks: dict[int, list[tuple[Chunk, str]]] = defaultdict(list)
         vectors: dict[str, list[float]] = {}
+        results: list[BatchResult | None] = [None] * len(plans)
 
-        def commit_ready() -> None:
-            for p, needed in waiting.items():
-                if results[p] is None and all(n in complete for n in needed):
-                    ordered = [sorted(chunks[n], key=lambda c: c[0].position) for n in sorted(needed)]
-                    results[p] = writer.commit_embedded(plans[p], ordered, vectors)
+        def commit(p: int) -> None:
+            ordered = [sorted(chunks.pop(n), key=lambda c: c[0].position) for n in range(first[p], first[p + 1])]
+            embedded = {cid: vectors.pop(cid) for document in ordered for _, cid in document}
+            results[p] = writer.commit_embedded(plans[p], ordered, embedded)
 
-        complete: set[int] = set()
-        commit_ready()  # batches with nothing changed
+        for p, left in enumerate(remaining):
+            if left == 0:  # nothing changed in this batch
+                commit(p)
         if changed:
-            for batch in self._chunked_and_embedded([record for _, record in changed]):
+            for batch in self._chunked_and_embedded(changed):
                 for row in range(len(batch["n"])):
                     n, cid = int(batch["n"][row]), str(batch["chunk_id"][row])
                     chunk = Chunk(position=int(batch["position"][row]), text=str(batch["text"][row]),
                                   start=int(batch["start"][row]), end=int(batch["end"][row]))  # fmt: skip
                     chunks[n].append((chunk, cid))
                     vectors[cid] = [float(x) for x in batch["vector"][row]]
-                    if len(chunks[n]) == int(batch["count"][row]):
-                        complete.add(n)
-                commit_ready()
+                    if len(chunks[n]) == int(batch["count"][row]):  # the document's last chunk
+                        remaining[plan_of[n]] -= 1
+                        if remaining[plan_of[n]] == 0:
+                            commit(plan_of[n])
         missing = [p for p, result in enumerate(results) if result is None]
         if missing:
             raise RuntimeError(f"the Ray actors returned no chunks for some documents of batches {missing}")
