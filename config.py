@@ -171,6 +171,10 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
+    @property
+    def flat_cache_bytes(self) -> int:
+        return self.flat_cache_mb * 1024 * 1024
+
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 

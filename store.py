@@ -62,10 +62,6 @@ class SourceState:
     doc_version: str
     tags_fingerprint: str
 
-    @property
-    def key(self) -> DocumentKey:
-        return (self.tenant, self.doc_id)
-
 
 _LANCE_FAILURES = ("LanceError", "lance error", "External error", "Object at location")
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EROFS, errno.EDQUOT}

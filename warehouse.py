@@ -84,7 +84,7 @@ class Warehouse:
             self._policy.current()  # a bad file is refused at once, naming its line
         else:
             self._policy = PolicyInForce(load=self.store.installed_policy, stamp=lambda: self.store.policies.version)
-        self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_mb * 1024 * 1024)
+        self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes)
         self._lifecycle = Lifecycle(self.store, self.embedder)
 
     @property

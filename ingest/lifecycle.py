@@ -42,15 +42,15 @@ class DerivedRow:
 class SyncReport:
     """What ``sync`` re-tagged: documents, their chunks and the rows derived from them."""
 
-    documents: tuple[str, ...]
-    tenants: tuple[str, ...]  # the tenant of each of ``documents``
+    keys: tuple[DocumentKey, ...]  # (tenant, doc id) of each document re-tagged
     chunks: int
     derived: int
     table_version: int
 
     @property
-    def keys(self) -> tuple[DocumentKey, ...]:
-        return tuple(zip(self.tenants, self.documents, strict=True))
+    def documents(self) -> tuple[str, ...]:
+        """The ids of the documents re-tagged."""
+        return tuple(doc_id for _, doc_id in self.keys)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,8 +174,7 @@ class Lifecycle:
         sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
         self.store.update_tags([*updated.values(), *derived], sources, delete=orphans)
         return SyncReport(
-            documents=tuple(doc_id for doc_id, _ in changes),
-            tenants=tuple(tags.tenant for _, tags in changes),
+            keys=tuple((tags.tenant, doc_id) for doc_id, tags in changes),
             chunks=len(updated),
             derived=len(derived),
             table_version=self.store.chunks.version,

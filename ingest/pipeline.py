@@ -38,14 +38,22 @@ class IngestReport:
     """What one ingest run did: documents written or unchanged, chunks, and every refusal."""
 
     run_id: str
-    written: tuple[str, ...]
     written_documents: tuple[tuple[str, str], ...]  # (tenant, doc id) of each written document
-    documents: int
     unchanged: int
     chunks: int
     skipped: tuple[Skipped, ...]
     rejected: tuple[Rejected, ...]
     seconds: float
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        """The ids of the documents written."""
+        return tuple(doc_id for _, doc_id in self.written_documents)
+
+    @property
+    def documents(self) -> int:
+        """How many documents were written."""
+        return len(self.written_documents)
 
     @property
     def ok(self) -> bool:
@@ -143,7 +151,6 @@ def run_ingest(
             written.extend(result.written)
             unchanged += len(result.unchanged)
             chunks += result.chunks
-            rejected.extend(result.rejected)
             bar.update(len(records))
         window.clear()
 
@@ -162,9 +169,7 @@ def run_ingest(
         store.optimize()
     return IngestReport(
         run_id=run_id,
-        written=tuple(doc_id for _, doc_id in written),
         written_documents=tuple(written),
-        documents=len(written),
         unchanged=unchanged,
         chunks=chunks,
         skipped=tuple(skipped),

@@ -58,8 +58,9 @@ class ChunkAndEmbed:
             chunks = chunk_document(str(text), tenant=str(tenant), doc_id=str(doc_id), tokenizer=tokenizer,
                                     window=window, overlap=self.spec.overlap)  # fmt: skip
             for chunk, cid in chunks:
-                for name, value in (("n", int(n)), ("count", len(chunks)), ("position", chunk.position),
-                                    ("start", chunk.start), ("end", chunk.end), ("text", chunk.text), ("chunk_id", cid)):  # fmt: skip
+                row = {"n": int(n), "count": len(chunks), "position": chunk.position, "start": chunk.start,
+                       "end": chunk.end, "text": chunk.text, "chunk_id": cid}  # fmt: skip
+                for name, value in row.items():
                     columns[name].append(value)
         vectors = self.embedder.encode(columns["text"])
         return {**{name: np.asarray(values) for name, values in columns.items()}, "vector": vectors}
@@ -99,7 +100,7 @@ class RayEngine:
                     chunk = Chunk(position=int(batch["position"][row]), text=str(batch["text"][row]),
                                   start=int(batch["start"][row]), end=int(batch["end"][row]))  # fmt: skip
                     chunks[n].append((chunk, cid))
-                    vectors[cid] = [float(x) for x in batch["vector"][row]]
+                    vectors[cid] = batch["vector"][row].tolist()
                     if len(chunks[n]) == int(batch["count"][row]):  # the document's last chunk
                         remaining[plan_of[n]] -= 1
                         if remaining[plan_of[n]] == 0:

@@ -21,7 +21,7 @@ from ..schema import SOURCES_SCHEMA, TAG_COLUMNS
 from ..store import DocumentKey, Store
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
-from .records import Rejected, SourceRecord, document_version
+from .records import SourceRecord, document_version
 
 
 def chunk_document(
@@ -49,7 +49,6 @@ def chunk_id(tenant: str, doc_id: str, doc_version: str, position: int, text: st
 class BatchResult:
     written: list[DocumentKey]
     unchanged: list[str]
-    rejected: list[Rejected]
     chunks: int
 
 
@@ -59,7 +58,6 @@ class BatchPlan:
 
     changed: list[SourceRecord]
     unchanged: list[str]
-    rejected: list[Rejected]
     existing: set[DocumentKey]
     chunked: list[tuple[SourceRecord, list[tuple[Chunk, str]]]] = field(default_factory=list)
     vectors: dict[str, list[float]] = field(default_factory=dict)
@@ -120,7 +118,6 @@ class DocumentWriter:
         states = self.store.source_states(r.key for r in records)
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
-        rejected: list[Rejected] = []
         for record in records:
             state = states.get(record.key)
             if state is not None and (state.doc_version, state.tags_fingerprint) == (
@@ -131,7 +128,7 @@ class DocumentWriter:
             else:
                 changed.append(record)
         existing = {r.key for r in changed if r.key in states}
-        return BatchPlan(changed=changed, unchanged=unchanged, rejected=rejected, existing=existing)
+        return BatchPlan(changed=changed, unchanged=unchanged, existing=existing)
 
     def commit_embedded(
         self, plan: BatchPlan, chunked: Sequence[Sequence[tuple[Chunk, str]]], vectors: dict[str, list[float]]
@@ -145,7 +142,7 @@ class DocumentWriter:
     def _commit(self, plan: BatchPlan, fresh: dict[str, list[float]]) -> BatchResult:
         """Write one planned batch, with the vectors embedded for it, in one commit."""
         if not plan.changed:
-            return BatchResult(written=[], unchanged=plan.unchanged, rejected=plan.rejected, chunks=0)
+            return BatchResult(written=[], unchanged=plan.unchanged, chunks=0)
         vectors = plan.vectors | {cid: fresh[cid] for cid in plan.to_embed}
         now = datetime.now(timezone.utc)
         chunk_rows = [
@@ -164,7 +161,7 @@ class DocumentWriter:
             orphans=orphans,
         )
         written = [r.key for r in plan.changed]
-        return BatchResult(written=written, unchanged=plan.unchanged, rejected=plan.rejected, chunks=len(chunk_rows))
+        return BatchResult(written=written, unchanged=plan.unchanged, chunks=len(chunk_rows))
 
     def _rederive(
         self, changed: Sequence[SourceRecord], chunk_rows: list[dict[str, object]]

@@ -45,7 +45,7 @@ flat scan is exact in 143 ms; at 10% visible the index is exact and 20x faster t
 INDEX_NPROBES = 20
 PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
-DEFAULT_FLAT_CACHE_BYTES = Settings.flat_cache_mb * 1024 * 1024  # the setting's default
+DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 RESULT_COLUMNS = [
     "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
     "acl_clauses", "labels", "classification", "doc_version", "position",

@@ -11,10 +11,9 @@ import base64
 import hashlib
 import hmac
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
+from support.loopback_http import LoopbackHTTPServer
 
 from ragwarden.api.keys import ApiKeys
 from ragwarden.config import AuthSettings
@@ -122,15 +122,11 @@ def jwks_url(idp: IdentityProvider) -> Iterator[str]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, name="test-jwks", daemon=True)
-    thread.start()
+    server = LoopbackHTTPServer(Handler)
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/.well-known/jwks.json"
+        yield f"{server.url}/.well-known/jwks.json"
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+        server.stop()
 
 
 @pytest.fixture(scope="module")

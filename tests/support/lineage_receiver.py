@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from support.loopback_http import LoopbackHTTPServer
 
 
 def closed_port() -> int:
@@ -29,24 +31,19 @@ class Receiver:
         self.posts = 0
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05})
-        self._thread.start()
+        self._http = LoopbackHTTPServer(self._handler(), port)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._http.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._http.url
 
     def stop(self) -> None:
         self._stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._http.stop()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         receiver = self

@@ -19,11 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
+
+from support.loopback_http import LoopbackHTTPServer
 
 PAGE = 1000
 
@@ -50,14 +52,11 @@ class S3Server:
         self.uploads: dict[str, tuple[str, str, dict[int, bytes]]] = {}
         self.requests = 0
         self.lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
+        self._http = LoopbackHTTPServer(self._handler())
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._http.url
 
     def create_bucket(self, name: str) -> None:
         with self.lock:
@@ -68,9 +67,7 @@ class S3Server:
             return sorted(k for k in self.buckets[bucket] if k.startswith(prefix))
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._http.stop()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         store = self
