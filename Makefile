@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test test-fast test-quality bench bench-smoke bench-gpu soak clean
+.PHONY: install chromium demo test test-fast test-quality bench bench-smoke bench-gpu soak clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,15 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# The console's tests drive Debian's Chromium (never a browser Playwright downloads): installed
+# here where it is missing, unless RAGWARDEN_CHROMIUM names another build.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@if [ -z "$$RAGWARDEN_CHROMIUM" ] && ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing Chromium (Debian package chromium) for the console tests"; \
+		$(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	fi
+
 $(BIN)/.bench-installed: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[test,ray,bench]'
 	touch $@
@@ -26,13 +35,14 @@ demo: install
 
 # pytest exits 5 when it collected no tests: that is a failure here, never a pass.
 # The SciFact quality test (marked `quality`) is left to `make bench`, which measures the same nDCG@10.
-test: install
-	@$(BIN)/pytest -m "not quality"; status=$$?; \
+# RAGWARDEN_REQUIRE_BROWSER: here a missing browser fails the console tests instead of skipping them.
+test: install chromium
+	@RAGWARDEN_REQUIRE_BROWSER=1 $(BIN)/pytest -m "not quality"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
-test-fast: install
-	$(BIN)/pytest -m "not slow and not quality"
+test-fast: install chromium
+	RAGWARDEN_REQUIRE_BROWSER=1 $(BIN)/pytest -m "not slow and not quality"
 
 test-quality: install
 	$(BIN)/pytest -m quality

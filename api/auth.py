@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jwt
 
@@ -24,6 +24,9 @@ from ..config import AuthSettings
 from ..errors import AuthenticationError
 from ..governance.tags import principal_problem, tenant_problem
 from .keys import PREFIX, ApiKeys
+
+if TYPE_CHECKING:
+    from ..warehouse import Warehouse
 
 ASYMMETRIC = ("RS256", "ES256")
 JWKS_REFRESH_SECONDS = 300
@@ -170,3 +173,8 @@ class Authenticator:
                 raise AuthenticationError("token act claim must be an object with a printable sub")
         return Identity(subject=subject, tenant=tenant, actor=actor)
 
+
+def authenticator_for(warehouse: Warehouse, auth: AuthSettings | None = None) -> Authenticator:
+    """The authenticator of a warehouse's services: ``auth`` (by default the warehouse's own auth
+    settings) and the API keys stored in the warehouse."""
+    return Authenticator(auth or warehouse.settings.auth, ApiKeys(warehouse.store.db))

@@ -20,13 +20,16 @@ from .keys import ApiKeys
 @click.option("--no-mcp", is_flag=True, help="Do not mount the MCP server at /mcp.")
 @common_options
 def serve(host: str, port: int, no_mcp: bool, settings: Settings) -> None:
-    """Serve the HTTP API (and the MCP server at /mcp) over the warehouse. Stateless: run as many
-    replicas on one warehouse as needed; identity comes from each request's bearer credential."""
+    """Serve the HTTP API (the MCP server at /mcp, the compliance console at /console/) over the
+    warehouse. Stateless: run as many replicas on one warehouse as needed; identity comes from
+    each request's bearer credential."""
     import uvicorn
 
+    from .console import CONSOLE_PATH
     from .http import create_app
 
     app = create_app(settings, with_mcp=not no_mcp)
+    click.echo(f"compliance console: http://{host}:{port}{CONSOLE_PATH}/ (sign in with a token or API key)", err=True)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 
 

@@ -19,10 +19,12 @@ from pydantic import BeforeValidator
 from ..config import Settings
 from ..errors import PolicyError
 from ..warehouse import Warehouse
-from .auth import Authenticator, Identity
+from .auth import Authenticator, Identity, authenticator_for
+from .console import mount_console
 from .http_errors import ERROR_RESPONSES, install_error_handlers
 from .http_models import (
     MAX_ID_CHARS,
+    AccessReviewModel,
     ChainModel,
     DerivedModel,
     DeriveRequest,
@@ -34,6 +36,7 @@ from .http_models import (
     IdentityModel,
     IngestRequest,
     IngestResponse,
+    InventoryModel,
     LineageModel,
     ManifestModel,
     PolicyRequest,
@@ -45,7 +48,6 @@ from .http_models import (
     SyncRequest,
     SyncResponse,
 )
-from .keys import ApiKeys
 from .limits import BodyLimit
 
 MCP_PATH = "/mcp"
@@ -82,7 +84,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
     """The FastAPI app over one warehouse; ``with_mcp`` mounts the MCP server at ``/mcp``."""
     warehouse = warehouse or Warehouse(settings)
     warehouse.policy  # noqa: B018 -- a stored policy that does not load is refused before serving
-    authenticator = Authenticator(settings.auth, ApiKeys(warehouse.store.db))
+    authenticator = authenticator_for(warehouse, settings.auth)
     mcp_server = None
     if with_mcp:
         from .mcp_server import build_mcp_server
@@ -237,6 +239,22 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         )
         return [ReceiptModel.of(r) for r in found]
 
+    @app.get("/v1/audit/access-review", response_model=AccessReviewModel, tags=["audit"])
+    def review(
+        identity: Caller,
+        subject: Annotated[str | None, Query(max_length=256, description="Whose access (default: the caller; another needs audit).")] = None,
+    ) -> AccessReviewModel:
+        """What a subject can read in the caller's tenant, by source, label and classification."""
+        return AccessReviewModel.of(
+            warehouse.access_review(subject=subject or identity.subject, tenant=identity.tenant, caller=identity.subject)
+        )
+
+    @app.get("/v1/audit/inventory", response_model=InventoryModel, tags=["audit"])
+    def inventory(identity: Caller, label: Annotated[str, Query(min_length=1, max_length=256)]) -> InventoryModel:
+        """Every row carrying ``label`` in the caller's tenant, grouped by source document (needs ``audit``)."""
+        found = warehouse.inventory(label=label, tenant=identity.tenant, caller=identity.subject)
+        return InventoryModel(label=label, tenant=identity.tenant, sources=found)
+
     @app.get("/v1/audit/verify", response_model=ChainModel, tags=["audit"])
     def verify(identity: Caller) -> ChainModel:
         """Verify the whole receipt chain; record the head elsewhere to detect a truncated tail (needs ``audit``)."""
@@ -252,6 +270,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         )
         return PolicyResponse(version=policy.version, rules=len(policy.rules), tenants=sorted(policy.tenants))
 
+    mount_console(app)
     if mcp_server is not None:
         app.mount(MCP_PATH, mcp_server.streamable_http_app())
     return app

@@ -71,6 +71,14 @@ def status_of(exc: RagwardenError) -> tuple[int, str]:
     return next((status, code) for cls, status, code in STATUS if isinstance(exc, cls))
 
 
+def error_of(code: str, message: str) -> RagwardenError:
+    """The error a client raises for an answer's error ``code``: the class the service mapped to it
+    (a refused source record reads as an invalid request; an unknown code as a plain ``RagwardenError``)."""
+    if code == "invalid_source":
+        return InvalidRequestError(message)
+    return next((cls for cls, _, known in STATUS if known == code), RagwardenError)(message)
+
+
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Bearer realm="ragwarden"'} if status == 401 else None
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)

@@ -16,12 +16,12 @@ from ..ingest.lifecycle import DERIVED_KINDS, DerivedRow, ForgetReport, SyncRepo
 from ..ingest.pipeline import IngestReport
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
-from ..retrieval.search import MAX_K, MAX_QUERY_CHARS
+from ..retrieval.review import AccessReview
+from ..retrieval.search import MAX_K, MAX_QUERY_CHARS, Mode
 
 MAX_RECORDS = 1000
 MAX_PARENTS = 100
 MAX_ID_CHARS = 512
-Mode = Literal["vector", "fts", "hybrid"]
 Level = Literal["public", "internal", "confidential", "restricted"]
 DerivedKind = Literal[DERIVED_KINDS]  # type: ignore[valid-type]
 
@@ -265,6 +265,28 @@ class ReceiptModel(BaseModel):
         values["chunk_labels"] = {k: list(v) for k, v in receipt.chunk_labels.items()}
         values["details"] = dict(receipt.details)
         return cls(time=receipt.time.isoformat(), **values)
+
+
+class AccessReviewModel(BaseModel):
+    subject: str
+    tenant: str
+    policy_version: str
+    table_version: int
+    rows: int
+    by_source: dict[str, int]
+    by_label: dict[str, int]
+    by_classification: dict[str, int]
+    derived_by_kind: dict[str, int]
+
+    @classmethod
+    def of(cls, review: AccessReview) -> AccessReviewModel:
+        return cls.model_validate(review.as_dict())
+
+
+class InventoryModel(BaseModel):
+    label: str
+    tenant: str
+    sources: dict[str, list[str]] = Field(description="Source document id -> the rows carrying the label that derive from it.")
 
 
 class ChainModel(BaseModel):

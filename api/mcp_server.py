@@ -42,10 +42,10 @@ from ..errors import AuthenticationError, ConfigurationError, RagwardenError
 from ..ingest.lifecycle import MAX_DERIVED_CHARS
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
-from ..retrieval.search import MAX_K, MAX_QUERY_CHARS
+from ..retrieval.search import MAX_K, MAX_QUERY_CHARS, Mode
 from ..store import connect
 from ..warehouse import Warehouse
-from .auth import Authenticator, Identity
+from .auth import Authenticator, Identity, authenticator_for
 from .http_models import MAX_ID_CHARS, MAX_PARENTS, DerivedModel, ExplanationModel, HitModel, Level, ManifestModel
 from .keys import ApiKeys
 
@@ -302,7 +302,7 @@ def build_mcp_server(
         query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to search for.")],
         ctx: Context,
         k: Annotated[int, Field(ge=1, le=MAX_K, description="How many chunks.")] = 5,
-        mode: Literal["vector", "fts", "hybrid"] = "vector",
+        mode: Mode = "vector",
         purpose: Annotated[str | None, Field(max_length=256, description="Why; kept in the audit receipt.")] = None,
         session_id: SessionArg = None,
     ) -> SearchResult:
@@ -375,7 +375,7 @@ def run_stdio(settings: Settings) -> None:
         )
     _verified(Authenticator(settings.auth, ApiKeys(connect(settings.warehouse, settings.storage_options))), credential)
     warehouse = Warehouse(settings)
-    authenticator = Authenticator(settings.auth, ApiKeys(warehouse.store.db))
+    authenticator = authenticator_for(warehouse)
     identity = _verified(authenticator, credential)
     build_mcp_server(warehouse, authenticator, identity=identity, credential=credential).run("stdio")
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..governance.policy import Policy
 from ..governance.sql import sql_list, sql_string
-from ..governance.tags import Classification
+from ..errors import InvalidRequestError
+from ..governance.tags import Classification, label_problem, principal_problem, tenant_problem
 from ..governance.visibility import check_row
 from ..store import Store
 from .search import Searcher
@@ -37,6 +38,7 @@ class AccessReview:
 
 def access_review(store: Store, searcher: Searcher, policy: Policy, subject: str, tenant: str) -> AccessReview:
     """Count every row ``subject`` may read: the same compiled filter and post-check as search."""
+    _refuse(principal_problem(subject) or tenant_problem(tenant))
     version = store.chunks.version
     where = searcher.compiled_filter(policy, subject, tenant)
     rows = store.chunks.search().where(where).select(_REVIEW_COLUMNS).limit(None).to_list()
@@ -60,6 +62,7 @@ def access_review(store: Store, searcher: Searcher, policy: Policy, subject: str
 
 def inventory(store: Store, label: str, tenant: str) -> dict[str, list[str]]:
     """Every row carrying ``label`` in ``tenant``, grouped by the source documents it comes from."""
+    _refuse(label_problem(label) or tenant_problem(tenant))
     rows = (
         store.chunks.search()
         .where(f"tenant = {sql_string(tenant)} AND array_has_any(labels, {sql_list([label])})")
@@ -72,6 +75,11 @@ def inventory(store: Store, label: str, tenant: str) -> dict[str, list[str]]:
         for source in _root_sources(store, row):
             grouped[source].append(row["chunk_id"])
     return {source: sorted(ids) for source, ids in sorted(grouped.items())}
+
+
+def _refuse(problem: str | None) -> None:
+    if problem:
+        raise InvalidRequestError(problem)
 
 
 def _root_sources(store: Store, row: Mapping[str, Any]) -> set[str]:

@@ -11,7 +11,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 from lancedb.query import MatchQuery
@@ -31,7 +31,8 @@ from .visible_rows import VisibleRowCache, VisibleRows
 
 log = logging.getLogger(__name__)
 
-MODES = ("vector", "fts", "hybrid")
+Mode = Literal["vector", "fts", "hybrid"]
+MODES: tuple[str, ...] = get_args(Mode)
 MAX_K = 1000
 MAX_QUERY_CHARS = 8192
 HYBRID_CANDIDATES = 50

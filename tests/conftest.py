@@ -17,10 +17,11 @@ from support.demo_world import demo_world
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.lineage_receiver import Receiver
 from support.live_server import serving
+from support.oracle import ORACLE_COLUMNS, oracle_visible, world_of_policy
 
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
-from ragwarden.embedder import Embedder
+from ragwarden.embedder import Embedder, ensure_export
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
@@ -34,9 +35,48 @@ def embedder() -> Embedder:
 
 
 @pytest.fixture(scope="session")
+def onnx_worker_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for the processes tests start: embed with the ONNX export (the same vectors to
+    float rounding), which starts in under a second where the PyTorch model takes about seven.
+    The export is made once, here, into a private folder."""
+    folder = tmp_path_factory.mktemp("onnx-export")
+    ensure_export("onnx", folder)
+    return {"RAGWARDEN_EMBED_BACKEND": "onnx", "RAGWARDEN_EMBED_CACHE": str(folder)}
+
+
+@pytest.fixture(scope="session")
+def onnx_embedder(onnx_worker_env: dict[str, str]) -> Embedder:
+    """In this process, the embedder of the processes started with ``onnx_worker_env``."""
+    return Embedder(backend="onnx", cache_dir=Path(onnx_worker_env["RAGWARDEN_EMBED_CACHE"]))
+
+
+@pytest.fixture
+def onnx_workers(onnx_worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """``onnx_worker_env`` set in this process's environment for the test, so every process it
+    starts inherits it."""
+    for name, value in onnx_worker_env.items():
+        monkeypatch.setenv(name, value)
+    return onnx_worker_env
+
+
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The shared data sets (RAGWARDEN_DATA, default ../shared/data beside the checkout)."""
     return Path(os.environ.get("RAGWARDEN_DATA") or REPO.parent / "shared" / "data")
+
+
+@pytest.fixture(scope="session")
+def demo_oracle(demo_warehouse: Warehouse) -> Callable[[str, str], set[str]]:
+    """The chunk ids of the demo warehouse a subject may read in a tenant, by the independent oracle
+    (``support.oracle``) over the demo policy: demo_oracle("user:dave", "acme")."""
+    rows = demo_warehouse.store.chunks.search().select(ORACLE_COLUMNS).limit(None).to_list()
+    world = world_of_policy(policy_file("demo.csv").read_text(encoding="utf-8"))
+    registry = demo_warehouse.store.clause_registry()
+
+    def visible(subject: str, tenant: str) -> set[str]:
+        return oracle_visible(world, subject, tenant, rows, registry)
+
+    return visible
 
 
 @pytest.fixture

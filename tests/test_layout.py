@@ -13,10 +13,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 # subpackage -> ragwarden modules it must never import
 FORBIDDEN = {
-    "governance": ("ragwarden.ingest", "ragwarden.retrieval", "ragwarden.api", "ragwarden.store", "ragwarden.embedder", "ragwarden.warehouse"),
-    "ingest": ("ragwarden.retrieval", "ragwarden.api", "ragwarden.warehouse"),
-    "retrieval": ("ragwarden.ingest", "ragwarden.api", "ragwarden.warehouse"),
-}
+    "governance": ("ragwarden.ingest", "ragwarden.retrieval", "ragwarden.api", "ragwarden.store", "ragwarden.embedder",
+                   "ragwarden.warehouse", "ragwarden.integrations"),
+    "ingest": ("ragwarden.retrieval", "ragwarden.api", "ragwarden.warehouse", "ragwarden.integrations"),
+    "retrieval": ("ragwarden.ingest", "ragwarden.api", "ragwarden.warehouse", "ragwarden.integrations"),
+    "api": ("ragwarden.integrations",),
+}  # fmt: skip
 
 
 def ragwarden_imports(path: Path) -> set[str]:
@@ -54,3 +56,20 @@ def test_policies_and_demo_data_ship_with_the_package():
 
     assert "[matchers]" in policy_file("model.conf").read_text()
     assert policy_file("demo.csv").is_file()
+
+
+def test_the_wheel_ships_the_console_policies_facets_and_integrations(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = tmp_path.glob("ragwarden-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"ragwarden/api/console_static/{name}" for name in ("index.html", "console.js", "console.css")} | {
+        "ragwarden/policies/model.conf", "ragwarden/policies/demo.csv", "ragwarden/integrations/langchain.py",
+        "ragwarden/integrations/llamaindex.py", "ragwarden/examples/demo/corpus.jsonl",
+    }  # fmt: skip
+    assert shipped <= names, sorted(shipped - names)
+    assert not [n for n in names if n.startswith(("ragwarden/tests/", "tests/"))], "tests must not ship"

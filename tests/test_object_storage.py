@@ -119,6 +119,7 @@ def test_a_bucket_that_does_not_exist_is_a_clear_error(s3: S3Server, embedder: E
 
 
 @pytest.mark.slow  # spawns four interpreters
+@pytest.mark.usefixtures("onnx_workers")
 def test_writers_in_separate_processes_commit_safely(s3: S3Server, s3_warehouse: Warehouse, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     for name, value in aws_env(s3).items():  # what the spawned processes are configured with

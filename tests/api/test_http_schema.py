@@ -110,6 +110,8 @@ OPERATIONS = [
     ("GET", "/v1/lineage/{item_id}"),
     ("GET", "/v1/audit/receipts"),
     ("GET", "/v1/audit/verify"),
+    ("GET", "/v1/audit/access-review"),
+    ("GET", "/v1/audit/inventory"),
     ("PUT", "/v1/policy"),
 ]
 USERS = ["admin", "carol"]  # admin: ingest, sync, forget, policy; carol: derive, audit, the widest view

@@ -255,10 +255,10 @@ def _stdio_env(auth_settings: AuthSettings, token: str | None) -> dict[str, str]
 
 @pytest.mark.anyio
 async def test_stdio_server_acts_for_the_user_of_its_token(
-    demo_warehouse: Warehouse, auth_settings: AuthSettings, mint: Callable[..., str]
+    demo_warehouse: Warehouse, auth_settings: AuthSettings, mint: Callable[..., str], onnx_worker_env: dict[str, str]
 ) -> None:
     purpose = f"stdio-{uuid.uuid4()}"
-    env = _stdio_env(auth_settings, mint("alice", act="agent:desktop"))
+    env = _stdio_env(auth_settings, mint("alice", act="agent:desktop")) | onnx_worker_env
     launch = StdioServerParameters(command=str(RAGWARDEN), args=["mcp", "--warehouse", demo_warehouse.uri], env=env)
     async with Client(launch) as client:
         found = await _ok(client, "search", query=FINANCE_QUERY, k=3, purpose=purpose)

@@ -38,9 +38,11 @@ def shared_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedde
 
 
 @pytest.fixture(scope="module")
-def two_replicas(shared_warehouse: Warehouse, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Replica, Replica]]:
+def two_replicas(
+    shared_warehouse: Warehouse, tmp_path_factory: pytest.TempPathFactory, onnx_worker_env: dict[str, str]
+) -> Iterator[tuple[Replica, Replica]]:
     """Two live server processes on 127.0.0.1 over the shared warehouse."""
-    env = {
+    env = onnx_worker_env | {
         "HF_HUB_OFFLINE": "1",
         "RAGWARDEN_JWT_SECRET": JWT_SECRET.decode(),
         "RAGWARDEN_JWT_ISSUER": ISSUER,

@@ -48,7 +48,10 @@ def _sources(warehouse: Warehouse) -> list[tuple]:
     return sorted((r["tenant"], r["doc_id"], r["doc_version"], r["tags_fingerprint"]) for r in rows)
 
 
-def test_a_ray_ingest_with_an_actor_killed_equals_a_local_one_and_ray_listens_on_loopback_only(tmp_path: Path, embedder: Embedder) -> None:
+@pytest.mark.usefixtures("onnx_workers")  # the actors start in a second, not seven; three of them start here
+def test_a_ray_ingest_with_an_actor_killed_equals_a_local_one_and_ray_listens_on_loopback_only(
+    tmp_path: Path, onnx_embedder: Embedder
+) -> None:
     why = _namespaces_work()
     if why:
         pytest.skip(f"cannot make a network namespace with only loopback for Ray ({why}); Ray is not started outside one")
@@ -62,9 +65,9 @@ def test_a_ray_ingest_with_an_actor_killed_equals_a_local_one_and_ray_listens_on
     lines = [json.dumps(r) for r in (extra, *more)]
     corpus.write_text(CORPUS.read_text(encoding="utf-8").rstrip("\n") + "\n" + "\n".join(lines) + "\n", encoding="utf-8")
     empty = tmp_path / "empty"
-    Warehouse(Settings(warehouse=str(empty)), embedder=embedder).install_policy(policy_file("demo.csv"))
+    Warehouse(Settings(warehouse=str(empty)), embedder=onnx_embedder).install_policy(policy_file("demo.csv"))
     shutil.copytree(empty, tmp_path / "distributed")
-    local = Warehouse(Settings(warehouse=str(empty)), embedder=embedder)
+    local = Warehouse(Settings(warehouse=str(empty)), embedder=onnx_embedder)
     assert local.ingest(corpus).ok
 
     out = tmp_path / "ray.json"
@@ -81,7 +84,7 @@ def test_a_ray_ingest_with_an_actor_killed_equals_a_local_one_and_ray_listens_on
     outside = [s for s in figures["sockets"] if s["address"] not in LOOPBACK]
     assert not outside, f"Ray processes listening beyond loopback: {outside}"
 
-    distributed = Warehouse(Settings(warehouse=str(tmp_path / "distributed")), embedder=embedder)
+    distributed = Warehouse(Settings(warehouse=str(tmp_path / "distributed")), embedder=onnx_embedder)
     ours, theirs = _rows(local), _rows(distributed)
     assert figures["rejected"] == [] and figures["documents"] == len(_sources(local))
     assert sorted(theirs) == sorted(ours), "the Ray ingest made other chunk ids"

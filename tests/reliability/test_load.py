@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from support.oracle import oracle_visible, world_of_policy
+from support.oracle import ORACLE_COLUMNS, oracle_visible, world_of_policy
 
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
@@ -87,8 +87,7 @@ def test_eight_clients_for_a_minute_while_one_ingests_get_no_error_and_no_leak(
         for thread in threads:
             thread.join(180)
 
-    rows = warehouse.store.chunks.search().select(["chunk_id", "tenant", "acl_allow", "acl_deny", "acl_clauses", "labels",
-                                                   "classification"]).limit(None).to_list()  # fmt: skip
+    rows = warehouse.store.chunks.search().select(ORACLE_COLUMNS).limit(None).to_list()
     oracle, registry = world_of_policy(policy_file("demo.csv").read_text(encoding="utf-8")), warehouse.store.clause_registry()
     labels = {row["chunk_id"]: tuple(row["labels"]) for row in rows}
     visible = {(u, t): oracle_visible(oracle, f"user:{u}", t, rows, registry) for u, t in set(CALLERS)}

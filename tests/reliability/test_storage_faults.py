@@ -65,7 +65,7 @@ FULL_DISK_INGEST = textwrap.dedent("""
     from ragwarden.config import Settings
     from ragwarden.errors import WarehouseError
     from ragwarden.warehouse import Warehouse
-    warehouse = Warehouse(Settings(warehouse=sys.argv[1]))
+    warehouse = Warehouse(Settings.from_env(warehouse=sys.argv[1]))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, like ENOSPC
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
     records = [{"id": f"big-{i}", "text": f"The archive of minutes from meeting {i}. " * 4, "tenant": "acme",
@@ -79,6 +79,7 @@ FULL_DISK_INGEST = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("limit", [4_000, 40_000])
+@pytest.mark.usefixtures("onnx_workers")
 def test_a_full_disk_fails_the_write_cleanly_and_keeps_the_last_good_version(small_warehouse: Warehouse, limit: int):
     version, rows = small_warehouse.store.chunks.version, small_warehouse.store.chunks.count_rows()
     before = [h.chunk_id for h in small_warehouse.search("meeting minutes cafeteria", subject="user:alice", tenant="acme")]

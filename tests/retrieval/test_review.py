@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragwarden.errors import PermissionDeniedError
+from ragwarden.errors import InvalidRequestError, PermissionDeniedError
 
 
 @pytest.mark.parametrize("subject", ["user:alice", "user:bob", "user:carol", "user:dave"])
@@ -43,3 +43,11 @@ def test_reviews_leave_audit_receipts_allowed_and_refused(demo_policy_warehouse)
         wh.inventory(label="pii", tenant="acme", caller="user:dave")
     receipts = wh.audit.query(operation="audit")
     assert [(r.subject, r.allowed) for r in receipts] == [("user:dave", False), ("user:carol", True)]
+
+
+@pytest.mark.parametrize("bad", ["user:\x00carol", "", "user:" + "x" * 300])
+def test_a_malformed_subject_or_label_is_refused_naming_it(demo_warehouse, bad):
+    with pytest.raises(InvalidRequestError, match="principal"):
+        demo_warehouse.access_review(subject=bad, tenant="acme", caller="user:carol")
+    with pytest.raises(InvalidRequestError, match="label"):
+        demo_warehouse.inventory(label=bad.removeprefix("user:") if bad else bad, tenant="acme", caller="user:carol")

@@ -11,6 +11,7 @@ from support.policy_worlds import World
 
 from ragwarden.governance.tags import EVERYONE, Classification
 
+ORACLE_COLUMNS = ["chunk_id", "tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification"]
 
 def world_of_policy(text: str) -> World:
     """A policy file's g and p lines as the oracle's raw rules (comments and blank lines skipped)."""

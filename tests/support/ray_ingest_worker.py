@@ -52,7 +52,7 @@ def kill_one_actor(warehouse: Warehouse, killed: list[str], done: threading.Even
 def main(warehouse: str, corpus: str, out: str) -> None:
     import ray
 
-    target = Warehouse(Settings(warehouse=warehouse, ray_actors=2, write_batch_docs=4))
+    target = Warehouse(Settings.from_env(warehouse=warehouse, ray_actors=2, write_batch_docs=4))
     killed: list[str] = []
     done = threading.Event()
     threading.Thread(target=kill_one_actor, args=(Warehouse(target.settings), killed, done), daemon=True).start()

@@ -74,6 +74,9 @@ class S3Server:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in separate writes: without TCP_NODELAY each answer on a
+            # kept-alive connection waits out the client's delayed ACK (about 40 ms).
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

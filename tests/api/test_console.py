@@ -1,0 +1,216 @@
+"""The compliance console in headless Chromium: sign in, search as yourself, a lineage graph,
+receipts with filters and the chain's status, access review and inventory; each page is saved as
+a screenshot (``build/console-screenshots/``, or ``RAGWARDEN_SCREENSHOTS``) and checked for what it shows.
+
+The console is a client of the API with the signed-in person's token, so these tests also check
+that it shows nothing that person may not read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+from support.browser import chromium
+
+from ragwarden.warehouse import Warehouse
+
+REPO = Path(__file__).resolve().parents[2]
+LEGAL_QUERY = "Ruiz matter investigation legal hold"
+LEGAL_DOC = "acme-legal-001"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
+def screenshots() -> Path:
+    folder = Path(os.environ.get("RAGWARDEN_SCREENSHOTS") or REPO / "build" / "console-screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Console:
+    """One browser tab on the console, with every URL it asked for."""
+
+    def __init__(self, page: Any, base: str, screenshots: Path) -> None:
+        self.page, self.base, self.screenshots = page, base, screenshots
+        self.requested: list[str] = []
+        page.on("request", lambda request: self.requested.append(request.url))
+        self.response = page.goto(f"{base}/console/")
+
+    def sign_in(self, token: str) -> None:
+        self.page.fill("#token", token)
+        self.settled(lambda: self.page.click("#sign-in button[type=submit]"))
+
+    def settled(self, action: Callable[[], Any]) -> Any:
+        """Run ``action`` and wait until the page it leads to has loaded everything it shows."""
+        self.page.evaluate("document.querySelector('section.page')?.removeAttribute('data-ready')")
+        action()
+        return self.page.wait_for_selector("section.page[data-ready=true]", timeout=60_000)
+
+    def open(self, hash_: str) -> Any:
+        return self.settled(lambda: self.page.evaluate("hash => { location.hash = hash; }", hash_))
+
+    def submit(self, form: str, **fields: str) -> Any:
+        for selector, value in fields.items():
+            self.page.fill(f"#{selector.replace('_', '-')}", value)
+        return self.settled(lambda: self.page.click(f"#{form} button[type=submit]"))
+
+    def texts(self, selector: str) -> list[str]:
+        return [t.strip() for t in self.page.locator(selector).all_inner_texts()]
+
+    def shot(self, name: str) -> Image.Image:
+        """Save the whole page as ``name``.png; the image, to check it holds a rendered page."""
+        png = self.page.screenshot(path=str(self.screenshots / f"{name}.png"), full_page=True)
+        image = Image.open(io.BytesIO(png)).convert("L")
+        low, high = image.getextrema()
+        assert image.width >= 800 and high - low > 100, f"{name}.png looks blank"
+        return image
+
+
+@pytest.fixture
+def console_at(browser: Any, screenshots: Path) -> Iterator[Callable[[str], Console]]:
+    """Open the console of the service at a base URL, in a tab of its own (own session storage)."""
+    contexts: list[Any] = []
+
+    def open_console(base: str) -> Console:
+        contexts.append(browser.new_context(viewport={"width": 1280, "height": 900}))
+        return Console(contexts[-1].new_page(), base, screenshots)
+
+    yield open_console
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def console(console_at: Callable[[str], Console], demo_service_url: str) -> Console:
+    """The demo service's console, signed in as no one yet."""
+    return console_at(demo_service_url)
+
+
+def test_sign_in_refuses_a_bad_token_and_names_the_person_of_a_good_one(console: Console, mint) -> None:
+    console.page.fill("#token", mint("alice", key=b"z" * 32))
+    console.page.click("#sign-in button[type=submit]")
+    assert "signature does not verify" in console.page.locator("#sign-in-error").inner_text()
+    assert console.page.locator("#nav").is_hidden()
+    console.shot("01-sign-in-refused")
+    console.sign_in(mint("alice"))
+    assert console.page.locator("#signed-in-as").inner_text() == "Signed in as user:alice in acme"
+    assert console.page.locator("#nav").is_visible()
+
+
+def test_search_shows_each_hit_with_its_labels_and_why_it_was_visible(
+    console: Console, mint, demo_warehouse: Warehouse, demo_oracle
+) -> None:
+    console.sign_in(mint("carol"))
+    console.submit("search-form", query=LEGAL_QUERY, k="8")
+    cards = console.page.locator("li.hit")
+    assert cards.count() == 8
+    expected = {h.chunk_id: h for h in demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=8, mode="hybrid")}
+    shown = [cards.nth(i).get_attribute("data-chunk-id") for i in range(8)]
+    assert set(shown) == set(expected) and set(shown) <= demo_oracle("user:carol", "acme")
+    for i, chunk_id in enumerate(shown):
+        card, hit = cards.nth(i), expected[chunk_id]
+        assert [t.strip() for t in card.locator(".hit-head .label").all_inner_texts()] == list(hit.labels)
+        assert card.locator(".hit-head .classification").inner_text() == hit.classification.label
+        assert card.locator(".reason").inner_text() == hit.reason
+    assert "legal-hold" in console.texts("#manifest .label")
+    cards.nth(0).locator("button.explain").click()
+    steps = cards.nth(0).locator(".steps li")
+    steps.first.wait_for()
+    assert steps.count() >= 3 and all(t.startswith("✓") for t in steps.all_inner_texts())
+    console.shot("02-search")
+
+
+def test_a_person_sees_only_what_they_may_read_and_no_audit_page(console: Console, mint, demo_oracle) -> None:
+    console.sign_in(mint("dave"))
+    console.submit("search-form", query=LEGAL_QUERY, k="50")
+    shown = {c.get_attribute("data-chunk-id") for c in console.page.locator("li.hit").all()}
+    assert shown == demo_oracle("user:dave", "acme")
+    assert console.texts("li.hit .hit-head .label") == []
+    for hash_ in (f"#/lineage?id={LEGAL_DOC}", "#/receipts", "#/inventory?label=legal-hold", "#/review?subject=user:carol"):
+        console.open(hash_)
+        assert console.page.locator(".error").inner_text().startswith("forbidden: user:dave"), hash_
+        assert console.page.locator("#lineage-graph, #receipts, #inventory, #review-summary").count() == 0
+    console.shot("03-forbidden-for-dave")
+
+
+def test_a_documents_lineage_is_drawn_from_source_to_chunks_derived_rows_and_receipts(
+    console_at: Callable[[str], Console], serve, small_warehouse: Warehouse, mint
+) -> None:
+    (chunk,) = small_warehouse.store.chunk_ids_of("acme-budget")
+    note = small_warehouse.derive("Budget review moved to Thursday.", parents=[chunk], subject="user:alice", tenant="acme")
+    small_warehouse.search("budget review Thursday", subject="user:alice", tenant="acme", k=3)  # returns chunk and note
+    console = console_at(serve(small_warehouse))
+    console.sign_in(mint("carol"))  # the auditor
+    lineage = small_warehouse.lineage("acme-budget", tenant="acme")  # as the console will find it (its own receipt comes after)
+    console.open("#/lineage?id=acme-budget")
+    graph = console.page.locator("#lineage-graph")
+
+    def nodes(kind: str) -> list[str]:
+        return sorted(n.get_attribute("data-id") for n in graph.locator(f"g.node.{kind}").all())
+
+    assert nodes("source") == ["acme-budget"] and nodes("chunk") == [chunk] and nodes("derived") == [note.chunk_id]
+    assert nodes("receipt") == sorted(f"receipt-{r['seq']}" for r in lineage["receipts"]) and lineage["receipts"]
+    edges = {(e.get_attribute("data-from"), e.get_attribute("data-to")) for e in graph.locator("line.edge").all()}
+    search = next(r for r in lineage["receipts"] if r["operation"] == "search")
+    assert {("acme-budget", chunk), (chunk, note.chunk_id), (chunk, f"receipt-{search['seq']}"),
+            (note.chunk_id, f"receipt-{search['seq']}")} <= edges  # fmt: skip
+    assert "1 chunks · 1 derived rows" in console.page.locator("#lineage-summary").inner_text()
+    console.shot("04-lineage")
+
+
+def test_receipts_show_the_chain_status_and_filter_by_subject_label_document_and_time(console: Console, mint) -> None:
+    console.sign_in(mint("carol"))
+    console.open("#/receipts")
+    assert console.page.locator("#chain-status").inner_text().startswith("Chain verified: intact")
+    console.submit("receipts-form", filter_subject="user:carol")
+    subjects = console.texts("#receipts tbody td:nth-child(4)")
+    assert subjects and set(subjects) == {"user:carol"}
+    console.submit("receipts-form", filter_subject="", filter_label="legal-hold")
+    rows = console.page.locator("#receipts tbody tr")
+    assert rows.count() > 0
+    assert all("legal-hold" in row.locator(".label").all_inner_texts() for row in rows.all())
+    console.submit("receipts-form", filter_label="", filter_document=LEGAL_DOC)
+    documents = console.texts("#receipts tbody td:nth-child(8)")
+    assert documents and all(LEGAL_DOC in d.split(", ") for d in documents)
+    console.shot("05-receipts")
+    console.submit("receipts-form", filter_document="", filter_since="2099-01-01T00:00:00")
+    assert console.page.locator("#receipts").inner_text() == "No receipts match these filters."
+
+
+def test_access_review_and_inventory_agree_with_the_warehouse(console: Console, mint, demo_warehouse: Warehouse) -> None:
+    console.sign_in(mint("carol"))
+    console.open("#/review")
+    assert console.page.locator("#review-subject").input_value() == "user:carol"
+    console.submit("review-form", review_subject="user:dave")
+    review = demo_warehouse.access_review(subject="user:dave", tenant="acme")
+    assert console.page.locator("#review-summary").inner_text().startswith(f"user:dave can read {review.rows} rows in acme")
+    by_source = dict(zip(console.texts("#review-by-source td:nth-child(1)"), console.texts("#review-by-source td:nth-child(2)"), strict=True))
+    assert by_source == {doc: str(n) for doc, n in review.by_source.items()}
+    console.shot("06-access-review")
+    console.open("#/inventory")
+    console.submit("inventory-form", inventory_label="legal-hold")
+    found = demo_warehouse.inventory(label="legal-hold", tenant="acme", caller="user:carol")
+    assert console.texts("#inventory td:nth-child(1)") == list(found)
+    assert console.texts("#inventory td:nth-child(2)") == [str(len(rows)) for rows in found.values()]
+    console.shot("07-inventory")
+
+
+def test_the_console_loads_nothing_from_elsewhere_and_forbids_other_origins(console: Console, mint) -> None:
+    console.sign_in(mint("alice"))
+    console.submit("search-form", query="salary bands", k="3")
+    assert console.requested and all(url.startswith(console.base + "/") for url in console.requested), console.requested
+    headers = httpx.get(f"{console.base}/console/console.js").headers
+    assert "script-src 'self'" in headers["content-security-policy"] and headers["x-content-type-options"] == "nosniff"
+    assert console.response.headers["content-security-policy"] == headers["content-security-policy"]

@@ -1,0 +1,58 @@
+"""The README's retriever examples run as written, against the demo warehouse and service."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragwarden.warehouse import Warehouse
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_SERVICE = "http://127.0.0.1:8000"
+
+
+def readme_example(module: str) -> str:
+    """The README's python block that imports ``module``."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    (block,) = [b for b in blocks if f"from {module} import" in b]
+    return block
+
+
+@pytest.fixture
+def run_example(demo_warehouse: Warehouse, onnx_workers: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str]) -> Callable[..., dict[str, Any]]:  # fmt: skip
+    """Run a README block with ``ragwarden.open()`` opening the demo warehouse; its variables."""
+    monkeypatch.setenv("RAGWARDEN_WAREHOUSE", demo_warehouse.uri)
+
+    def run(source: str, **names: Any) -> dict[str, Any]:
+        namespace = dict(names)
+        exec(compile(source, str(README), "exec"), namespace)  # noqa: S102 - our own README
+        namespace["printed"] = capsys.readouterr().out
+        return namespace
+
+    return run
+
+
+def test_the_langchain_example_runs_in_process_and_over_the_service(
+    run_example: Callable[..., dict[str, Any]], demo_service_url: str, mint: Callable[..., str], demo_oracle
+) -> None:
+    source = readme_example("ragwarden.integrations.langchain")
+    assert README_SERVICE in source
+    found = run_example(source.replace(README_SERVICE, demo_service_url), alice_token=mint("alice"))
+    docs, fewer, remote = found["docs"], found["fewer"], found["remote_docs"]
+    assert len(docs) == 4 and len(fewer) == 2 and [d.id for d in fewer] == [d.id for d in docs[:2]]
+    assert [d.id for d in remote] == [d.id for d in docs]
+    assert {d.id for d in docs} <= demo_oracle("user:alice", "acme")
+    assert "acme-fin-002" in {d.metadata["doc_id"] for d in docs}, "alice, in finance, should get the budget"
+    assert all(d.id in found["printed"] for d in docs)
+
+
+def test_the_llamaindex_example_runs(run_example: Callable[..., dict[str, Any]], demo_oracle) -> None:
+    found = run_example(readme_example("ragwarden.integrations.llamaindex"))
+    nodes = found["nodes"]
+    assert len(nodes) == 4 and {n.node.node_id for n in nodes} <= demo_oracle("user:alice", "acme")
+    assert all(n.node.node_id in found["printed"] for n in nodes)
