@@ -9,17 +9,20 @@ themselves.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
 from ..api.auth import Identity, authenticator_for
 from ..api.http_errors import error_of
-from ..errors import ConfigurationError, RagwardenError
+from ..errors import ConfigurationError, WarehouseError
 from ..warehouse import Warehouse
 
 SEARCH_PATH = "/v1/search"
+# What a status says without the service's own error body (from a proxy, say); any other is "unavailable".
+CLIENT_ERRORS = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 413: "payload_too_large", 422: "invalid_request"}
 
 
 class Binding(Protocol):
@@ -40,18 +43,20 @@ class SearchOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class InProcess:
-    """Search a warehouse opened in this process, as ``identity``."""
+    """Search a warehouse opened in this process, as the caller ``identity()`` names at each search
+    (a token is verified every time, so an expired or revoked one stops working)."""
 
     warehouse: Warehouse
-    identity: Identity
+    identity: Callable[[], Identity] = field(repr=False)
     options: SearchOptions
 
     def search(self, query: str, k: int) -> list[dict[str, Any]]:
+        caller = self.identity()
         hits = self.warehouse.search(
             query,
-            subject=self.identity.subject,
-            tenant=self.identity.tenant,
-            actor=self.identity.actor,
+            subject=caller.subject,
+            tenant=caller.tenant,
+            actor=caller.actor,
             k=k,
             mode=self.options.mode,
             purpose=self.options.purpose,
@@ -67,7 +72,7 @@ class OverHttp:
     """Search a ragwarden service at ``url`` with a bearer credential; the service decides who that is."""
 
     url: str
-    token: str
+    token: str = field(repr=False)
     options: SearchOptions
     timeout: float = 30.0
 
@@ -78,24 +83,38 @@ class OverHttp:
         return {"url": self.url.rstrip("/") + SEARCH_PATH, "json": body, "headers": {"Authorization": f"Bearer {self.token}"}}
 
     def search(self, query: str, k: int) -> list[dict[str, Any]]:
-        with httpx.Client(timeout=self.timeout) as client:
-            return _hits(client.post(**self._request(query, k)))
+        try:
+            with httpx.Client(timeout=self.timeout) as client:
+                response = client.post(**self._request(query, k))
+        except httpx.HTTPError as exc:
+            raise WarehouseError(f"cannot reach the ragwarden service at {self.url}: {exc}") from None
+        return _hits(response)
 
     async def asearch(self, query: str, k: int) -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
-            return _hits(await client.post(**self._request(query, k)))
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout) as client:
+                response = await client.post(**self._request(query, k))
+        except httpx.HTTPError as exc:
+            raise WarehouseError(f"cannot reach the ragwarden service at {self.url}: {exc}") from None
+        return _hits(response)
 
 
 def _hits(response: httpx.Response) -> list[dict[str, Any]]:
-    """The hits of a search answer, or the service's error raised as the ragwarden error it maps from."""
+    """The hits of a search answer, or its error raised as the ragwarden error it maps from (by the
+    service's error code, else by status, for an answer from a proxy in between)."""
     try:
         body = response.json()
     except ValueError:
-        raise RagwardenError(f"the service answered {response.status_code} with no JSON body") from None
-    if response.is_success:
+        body = None
+    if response.is_success and isinstance(body, dict) and isinstance(body.get("hits"), list):
         return list(body["hits"])
-    error = body.get("error", {}) if isinstance(body, dict) else {}
-    raise error_of(str(error.get("code", "")), str(error.get("message", f"HTTP {response.status_code}")))
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        raise error_of(error["code"], str(error.get("message", "")))
+    message = f"the service answered {response.status_code} without a ragwarden answer: {response.text[:200]!r}"
+    if response.status_code in CLIENT_ERRORS:
+        raise error_of(CLIENT_ERRORS[response.status_code], message)
+    raise WarehouseError(message)
 
 
 def bind(
@@ -109,6 +128,7 @@ def bind(
     options: SearchOptions,
 ) -> Binding:
     """The binding a retriever's settings describe; a contradiction is refused, never guessed at."""
+    token = token.strip() if token is not None else None
     if (warehouse is None) == (url is None):
         raise ConfigurationError("give either warehouse= (in process) or url= (a ragwarden service), not both or neither")
     if token is not None and (subject is not None or tenant is not None or actor is not None):
@@ -119,10 +139,17 @@ def bind(
         return OverHttp(url=url, token=token, options=options)
     assert warehouse is not None
     if token is not None:
-        return InProcess(warehouse=warehouse, identity=authenticator_for(warehouse).verify(token), options=options)
+        authenticator = authenticator_for(warehouse)
+        authenticator.verify(token)  # a bad token is refused now, not at the first search
+
+        def verified() -> Identity:
+            return authenticator.verify(token)
+
+        return InProcess(warehouse=warehouse, identity=verified, options=options)
     if subject is None or tenant is None:
         raise ConfigurationError("name the caller: token=, or subject= and tenant= (and actor= for an agent)")
-    return InProcess(warehouse=warehouse, identity=Identity(subject=subject, tenant=tenant, actor=actor), options=options)
+    named = Identity(subject=subject, tenant=tenant, actor=actor)
+    return InProcess(warehouse=warehouse, identity=lambda: named, options=options)
 
 
 def hit_metadata(hit: dict[str, Any]) -> dict[str, Any]:

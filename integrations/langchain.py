@@ -32,7 +32,7 @@ class WardenRetriever(BaseRetriever):
     ``invoke(query, k=n)`` overrides ``k`` for one call.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     warehouse: Warehouse | None = None
     url: str | None = None
@@ -44,30 +44,40 @@ class WardenRetriever(BaseRetriever):
     mode: Mode = "vector"
     purpose: str | None = None
 
-    _binding: Binding = PrivateAttr()
+    _bound: tuple[tuple[Any, ...], Binding] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _bind(self) -> WardenRetriever:
-        self._binding = bind(
-            warehouse=self.warehouse,
-            url=self.url,
-            token=self.token.get_secret_value() if self.token is not None else None,
-            subject=self.subject,
-            tenant=self.tenant,
-            actor=self.actor,
-            options=SearchOptions(mode=self.mode, purpose=self.purpose),
-        )
+    def _check_binding(self) -> WardenRetriever:
+        self._binding()  # a contradiction or a refused token fails here, at construction
         return self
+
+    def _binding(self) -> Binding:
+        """The binding of the fields as they are now: a copy or an assignment that changes whom or
+        how it searches gets a new one (and a token given anew is verified anew)."""
+        token = self.token.get_secret_value() if self.token is not None else None
+        fields = (id(self.warehouse), self.url, token, self.subject, self.tenant, self.actor, self.mode, self.purpose)
+        if self._bound is None or self._bound[0] != fields:
+            binding = bind(
+                warehouse=self.warehouse,
+                url=self.url,
+                token=token,
+                subject=self.subject,
+                tenant=self.tenant,
+                actor=self.actor,
+                options=SearchOptions(mode=self.mode, purpose=self.purpose),
+            )
+            self._bound = (fields, binding)
+        return self._bound[1]
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        return [_document(hit) for hit in self._binding.search(query, requested_k(self.k, kwargs))]
+        return [_document(hit) for hit in self._binding().search(query, requested_k(self.k, kwargs))]
 
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        return [_document(hit) for hit in await self._binding.asearch(query, requested_k(self.k, kwargs))]
+        return [_document(hit) for hit in await self._binding().asearch(query, requested_k(self.k, kwargs))]
 
 
 def _document(hit: dict[str, Any]) -> Document:

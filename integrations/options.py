@@ -9,6 +9,7 @@ from ..errors import InvalidRequestError
 from ..retrieval.search import MAX_K
 
 DEFAULT_K = 4
+FRAMEWORK_KWARGS = frozenset({"verbose", "run_id"})  # LangChain passes these through; they are its own
 
 
 def check_k(k: object) -> int:
@@ -21,7 +22,7 @@ def check_k(k: object) -> int:
 def requested_k(default: int, kwargs: Mapping[str, Any]) -> int:
     """``k`` for one call: the call's own ``k`` if it passes one, else the retriever's; any other
     keyword is refused by name rather than ignored."""
-    unknown = sorted(set(kwargs) - {"k"})
+    unknown = sorted(set(kwargs) - {"k", *FRAMEWORK_KWARGS})
     if unknown:
         raise InvalidRequestError(f"unknown search argument(s) {', '.join(unknown)}: only k may be passed per call")
     return check_k(kwargs.get("k", default))

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidRequestError
 from ..governance.policy import Policy
 from ..governance.sql import sql_list, sql_string
-from ..errors import InvalidRequestError
 from ..governance.tags import Classification, label_problem, principal_problem, tenant_problem
 from ..governance.visibility import check_row
 from ..store import Store

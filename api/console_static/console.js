@@ -6,6 +6,7 @@
 const API_ROOT = new URL("../v1/", document.baseURI);
 const TOKEN_KEY = "ragwarden.token";
 const SVG_NS = "http://www.w3.org/2000/svg";
+const RECEIPTS_SHOWN = 200;
 const PAGES = { search: searchPage, lineage: lineagePage, receipts: receiptsPage, review: reviewPage, inventory: inventoryPage };
 
 let identity = null; // {subject, tenant, actor, method} from /v1/whoami
@@ -89,13 +90,22 @@ class ApiError extends Error {
 async function api(path, { method = "GET", body, params } = {}) {
   const url = new URL(path, API_ROOT);
   for (const [name, value] of Object.entries(params || {})) if (value) url.searchParams.set(name, value);
-  const headers = { Authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}` };
+  const token = sessionStorage.getItem(TOKEN_KEY) || "";
+  const headers = { Authorization: `Bearer ${token}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(url, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let response;
+  try {
+    response = await fetch(url, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (error) {
+    throw new ApiError(0, "unreachable", `the service did not answer (${error.message})`);
+  }
   const data = await response.json().catch(() => null);
   if (response.ok) return data;
   const error = (data && data.error) || {};
-  if (response.status === 401) signOut(`Signed out: ${error.message || "the credential was refused"}`);
+  // Only the credential this request carried is dropped: a newer sign-in stays.
+  if (response.status === 401 && sessionStorage.getItem(TOKEN_KEY) === token) {
+    signOut(`Signed out: ${error.message || "the credential was refused"}`);
+  }
   throw new ApiError(response.status, error.code || "http_error", error.message || `HTTP ${response.status}`);
 }
 
@@ -131,23 +141,30 @@ function renderSignIn(message) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, token.value.trim());
-    try {
-      identity = await api("whoami");
-    } catch (error) {
-      return; // api() has signed out and shown why
-    }
-    renderIdentity();
-    if (!location.hash || location.hash === "#/" || location.hash === "#/search") route();
-    else location.hash = "#/search";
+    if (await whoami()) route(); // the page that was asked for, deep links included
   });
   document.getElementById("main").replaceChildren(form, note || "");
   token.focus();
 }
 
+// Who the stored credential names; on any failure, the sign-in form says why (false).
+async function whoami() {
+  try {
+    identity = await api("whoami");
+  } catch (error) {
+    if (error.status !== 401) signOut(`Could not sign in: ${error.code}: ${error.message}`);
+    return false; // a 401 has signed out already, with its reason
+  }
+  renderIdentity();
+  return true;
+}
+
 // ------------------------------------------------------------------ pages
 
 function parseHash() {
-  const [page, query] = location.hash.replace(/^#\/?/, "").split("?");
+  const rest = location.hash.replace(/^#\/?/, "");
+  const cut = rest.indexOf("?");
+  const [page, query] = cut < 0 ? [rest, ""] : [rest.slice(0, cut), rest.slice(cut + 1)];
   return { page: PAGES[page] ? page : "search", params: new URLSearchParams(query || "") };
 }
 
@@ -199,6 +216,7 @@ function hitCard(hit) {
         el("li", { class: s.passed ? "passed" : "failed" }, `${s.passed ? "✓" : "✗"} ${s.check}: ${s.detail}`))));
     } catch (error) {
       explanation.replaceChildren(problem(error));
+      explain.disabled = false;
     }
   } }, "Why, step by step");
   return el("li", { class: "hit card", "data-chunk-id": hit.chunk_id, "data-doc-id": hit.doc_id },
@@ -268,7 +286,7 @@ async function receiptsPage(view, params) {
     until: el("input", { id: "filter-until", type: "datetime-local", step: 1, value: localInput(params.get("until")) }),
   };
   const fields = [field("Subject", inputs.subject), field("Label", inputs.label), field("Document", inputs.doc_id),
-    field("Since", inputs.since), field("Until", inputs.until)];
+    field("Since (your time)", inputs.since), field("Before (your time)", inputs.until)];
   view.append(el("h2", {}, "Audit receipts"), toolbar("receipts-form", fields, "Filter", "receipts", () => ({
     subject: inputs.subject.value, label: inputs.label.value, doc_id: inputs.doc_id.value,
     since: isoInstant(inputs.since.value), until: isoInstant(inputs.until.value) })));
@@ -277,17 +295,19 @@ async function receiptsPage(view, params) {
     chain.ok ? `Chain verified: intact, ${chain.receipts} receipts, head #${chain.head_seq} ${chain.head_hash.slice(0, 16)}`
       : `Chain BROKEN: ${chain.problems.join("; ")}`));
   const filters = Object.fromEntries(["subject", "label", "doc_id", "since", "until"].map((name) => [name, params.get(name)]));
-  const found = await api("audit/receipts", { params: { ...filters, limit: 200 } });
+  const found = await api("audit/receipts", { params: { ...filters, limit: RECEIPTS_SHOWN } });
+  if (found.length === RECEIPTS_SHOWN) view.append(el("p", { id: "receipts-capped" }, `The ${RECEIPTS_SHOWN} newest matching receipts; narrow the filters for older ones.`));
   view.append(found.length
-    ? table(["#", "time", "operation", "subject", "actor", "allowed", "reason", "documents", "labels"], found.map((r) => [
-      String(r.seq), r.time.replace("T", " ").slice(0, 19), r.operation, r.subject, r.actor || "", r.allowed ? "yes" : "no", r.reason, r.doc_ids.join(", "),
+    ? table(["#", "time (yours)", "operation", "subject", "actor", "allowed", "reason", "documents", "labels"], found.map((r) => [
+      String(r.seq), localInput(r.time).replace("T", " "), r.operation, r.subject, r.actor || "", r.allowed ? "yes" : "no", r.reason, r.doc_ids.join(", "),
       chips([...new Set(Object.values(r.chunk_labels).flat())].sort())]), { id: "receipts" })
     : el("p", { id: "receipts", class: "empty" }, "No receipts match these filters."));
 }
 
+// An ISO instant as the browser's local "YYYY-MM-DDTHH:MM:SS" (what datetime-local shows); "" if none or unreadable.
 function localInput(iso) {
-  if (!iso) return "";
-  const date = new Date(iso);
+  const date = new Date(iso || NaN);
+  if (Number.isNaN(date.getTime())) return "";
   return new Date(date.getTime() - date.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
 }
 
@@ -327,11 +347,5 @@ async function inventoryPage(view, params) {
 window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", async () => {
   if (!sessionStorage.getItem(TOKEN_KEY)) return renderSignIn();
-  try {
-    identity = await api("whoami");
-  } catch (error) {
-    return;
-  }
-  renderIdentity();
-  route();
+  if (await whoami()) route();
 });

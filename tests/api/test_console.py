@@ -109,6 +109,14 @@ def test_sign_in_refuses_a_bad_token_and_names_the_person_of_a_good_one(console:
     assert console.page.locator("#nav").is_visible()
 
 
+def test_a_deep_link_opens_its_page_once_signed_in(console_at: Callable[[str], Console], demo_service_url: str, mint) -> None:
+    console = console_at(f"{demo_service_url}")
+    console.page.goto(f"{demo_service_url}/console/#/inventory?label=legal-hold")
+    console.sign_in(mint("carol"))
+    assert console.page.locator("#inventory-label").input_value() == "legal-hold"
+    assert console.page.locator("#inventory td").count() > 0
+
+
 def test_search_shows_each_hit_with_its_labels_and_why_it_was_visible(
     console: Console, mint, demo_warehouse: Warehouse, demo_oracle
 ) -> None:

@@ -676,3 +676,11 @@ def test_inventory_groups_a_labels_rows_by_source_for_an_auditor(as_user, demo_w
     assert response.status_code == 200, response.text
     found = demo_warehouse.inventory(label="legal-hold", tenant="acme", caller="user:carol")
     assert response.json() == {"label": "legal-hold", "tenant": "acme", "sources": found} and found
+
+
+def test_the_lineage_of_a_document_whose_id_is_a_path_is_reachable(small_warehouse, serve, bearer, make_record):
+    assert small_warehouse.ingest_records([make_record(id="hr/policies/leave.md", acl={"allow": ["everyone"]})]).ok
+    response = httpx.get(f"{serve(small_warehouse)}/v1/lineage/hr%2Fpolicies%2Fleave.md", headers=bearer("carol"), timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["source"]["doc_id"] == "hr/policies/leave.md" and response.json()["chunks"]
+

@@ -4,14 +4,17 @@ service, and what that suite cannot know: whose rows come back, and what they ca
 from __future__ import annotations
 
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from langchain_core.documents import Document
 from langchain_tests.integration_tests import RetrieversIntegrationTests
+from pydantic import ValidationError
+from support.loopback_http import LoopbackHTTPServer
 
 from ragwarden.api.keys import ApiKeys
-from ragwarden.errors import AuthenticationError, ConfigurationError, InvalidRequestError
+from ragwarden.errors import AuthenticationError, ConfigurationError, InvalidRequestError, WarehouseError
 from ragwarden.integrations.langchain import WardenRetriever
 from ragwarden.warehouse import Warehouse
 
@@ -91,7 +94,10 @@ def test_in_process_a_token_is_verified_against_the_warehouse(small_warehouse: W
     by_key = WardenRetriever(warehouse=small_warehouse, token=key, k=3).invoke("quarterly budget review")
     named = WardenRetriever(warehouse=small_warehouse, subject="user:alice", tenant="acme", k=3).invoke("quarterly budget review")
     assert [d.id for d in by_key] == [d.id for d in named] and "acme-budget" in {d.metadata["doc_id"] for d in by_key}
+    bound = WardenRetriever(warehouse=small_warehouse, token=key + "\n", k=3)  # a key read from a file
     keys.revoke(keys.verify(key).key_id)
+    with pytest.raises(AuthenticationError):
+        bound.invoke("quarterly budget review")  # verified at every search, not only when bound
     with pytest.raises(AuthenticationError):
         WardenRetriever(warehouse=small_warehouse, token=key)
 
@@ -122,12 +128,54 @@ def test_a_retriever_that_names_no_caller_or_two_places_is_refused(
         WardenRetriever(warehouse=demo_warehouse, url="http://127.0.0.1:9", token="t")
 
 
-def test_an_unknown_search_argument_is_refused_by_name(demo_warehouse: Warehouse) -> None:
+def test_an_unknown_argument_is_refused_by_name(demo_warehouse: Warehouse) -> None:
     retriever = WardenRetriever(warehouse=demo_warehouse, subject="user:alice", tenant="acme")
     with pytest.raises(InvalidRequestError, match="filter"):
         retriever.invoke(QUERY, filter={"labels": []})
     with pytest.raises(InvalidRequestError, match="k must be"):
         retriever.invoke(QUERY, k=0)
+    assert len(retriever.invoke(QUERY, verbose=True)) == retriever.k  # LangChain's own keyword passes
+    with pytest.raises(ValidationError, match="search_kwargs"):
+        WardenRetriever(warehouse=demo_warehouse, subject="user:alice", tenant="acme", search_kwargs={"k": 9})
+
+
+def test_a_copy_or_an_assignment_searches_as_the_caller_it_names(
+    demo_warehouse: Warehouse, demo_oracle: Callable[[str, str], set[str]]
+) -> None:
+    carol = WardenRetriever(warehouse=demo_warehouse, subject="user:carol", tenant="acme", k=50)
+    assert {d.id for d in carol.invoke(LEGAL_QUERY)} == demo_oracle("user:carol", "acme")
+    dave = carol.model_copy(update={"subject": "user:dave"})
+    assert {d.id for d in dave.invoke(LEGAL_QUERY)} == demo_oracle("user:dave", "acme")
+    carol.subject = "user:bob"
+    assert {d.id for d in carol.invoke(LEGAL_QUERY)} == demo_oracle("user:bob", "acme")
+
+
+@pytest.mark.parametrize(("status", "body", "error"), [
+    (502, b"<html>bad gateway</html>", WarehouseError),
+    (502, b'{"error": "bad gateway"}', WarehouseError),
+    (401, b'{"detail": "no"}', AuthenticationError),
+    (200, b'{"unexpected": true}', WarehouseError),
+])  # fmt: skip
+def test_an_answer_that_is_not_ragwardens_is_a_clear_error(status: int, body: bytes, error: type[Exception]) -> None:
+    class Proxy(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(status)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    proxy = LoopbackHTTPServer(Proxy)
+    try:
+        with pytest.raises(error, match=str(status)):
+            WardenRetriever(url=proxy.url, token="t").invoke(QUERY)
+    finally:
+        proxy.stop()
+    with pytest.raises(WarehouseError, match="cannot reach"):
+        WardenRetriever(url=proxy.url, token="t").invoke(QUERY)
 
 
 def test_each_retrieval_leaves_a_receipt_with_its_purpose(demo_warehouse: Warehouse) -> None:
