@@ -208,7 +208,6 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         )
 
     @app.get("/v1/lineage/{item_id:path}", response_model=LineageModel, tags=["audit"])  # ids of files hold '/'
-
     def lineage(item_id: ItemId, identity: Caller) -> LineageModel:
         """A document's or row's lineage and the receipts that returned it (needs ``audit``)."""
         return LineageModel.model_validate(warehouse.lineage(item_id, caller=identity.subject, tenant=identity.tenant))

@@ -13,7 +13,6 @@ import hmac
 import json
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
-from support.loopback_http import LoopbackHTTPServer
+from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
 from ragwarden.api.keys import ApiKeys
 from ragwarden.config import AuthSettings
@@ -106,23 +105,7 @@ def idp() -> IdentityProvider:
 @pytest.fixture(scope="module")
 def jwks_url(idp: IdentityProvider) -> Iterator[str]:
     """The identity provider's JWKS, served by a stdlib HTTP server on 127.0.0.1."""
-    document = json.dumps(idp.jwks()).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path != "/.well-known/jwks.json":
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(document)))
-            self.end_headers()
-            self.wfile.write(document)
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = LoopbackHTTPServer(Handler)
+    server = LoopbackHTTPServer(fixed_answer(200, json.dumps(idp.jwks()).encode(), path="/.well-known/jwks.json"))
     try:
         yield f"{server.url}/.well-known/jwks.json"
     finally:

@@ -4,14 +4,13 @@ service, and what that suite cannot know: whose rows come back, and what they ca
 from __future__ import annotations
 
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from langchain_core.documents import Document
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 from pydantic import ValidationError
-from support.loopback_http import LoopbackHTTPServer
+from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
 from ragwarden.api.keys import ApiKeys
 from ragwarden.errors import AuthenticationError, ConfigurationError, InvalidRequestError, WarehouseError
@@ -157,18 +156,7 @@ def test_a_copy_or_an_assignment_searches_as_the_caller_it_names(
     (200, b'{"unexpected": true}', WarehouseError),
 ])  # fmt: skip
 def test_an_answer_that_is_not_ragwardens_is_a_clear_error(status: int, body: bytes, error: type[Exception]) -> None:
-    class Proxy(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            self.rfile.read(int(self.headers["content-length"]))
-            self.send_response(status)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    proxy = LoopbackHTTPServer(Proxy)
+    proxy = LoopbackHTTPServer(fixed_answer(status, body))
     try:
         with pytest.raises(error, match=str(status)):
             WardenRetriever(url=proxy.url, token="t").invoke(QUERY)

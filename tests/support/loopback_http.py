@@ -26,3 +26,31 @@ class LoopbackHTTPServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def fixed_answer(status: int, body: bytes, *, path: str | None = None,
+                 content_type: str = "application/json") -> type[BaseHTTPRequestHandler]:  # fmt: skip
+    """A handler answering every GET and POST with ``status`` and ``body`` (at ``path`` only, if
+    given; 404 elsewhere), having read any request body first."""
+
+    class FixedAnswer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            length = int(self.headers.get("content-length") or 0)
+            if length:
+                self.rfile.read(length)
+            if path is not None and self.path != path:
+                self.send_error(404)
+                return
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET  # noqa: N815 - the stdlib's name
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    return FixedAnswer
+
