@@ -79,6 +79,14 @@ def error_of(code: str, message: str) -> RagwardenError:
     return next((cls for cls, _, known in STATUS if known == code), RagwardenError)(message)
 
 
+def error_of_status(status: int, message: str) -> RagwardenError:
+    """The error a client raises for an answer that carries no error code (from a proxy, say): the
+    class the service maps to that client-error status, and for any other status ``WarehouseError``
+    (the service is not answering as itself)."""
+    code = next((code for _, known, code in STATUS if known == status and status < 500), None)
+    return error_of(code, message) if code is not None else WarehouseError(message)
+
+
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Bearer realm="ragwarden"'} if status == 401 else None
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)

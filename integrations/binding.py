@@ -9,20 +9,20 @@ themselves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
 from ..api.auth import Identity, authenticator_for
-from ..api.http_errors import error_of
+from ..api.http_errors import error_of, error_of_status
 from ..errors import ConfigurationError, WarehouseError
+from ..retrieval.search import Mode
 from ..warehouse import Warehouse
 
 SEARCH_PATH = "/v1/search"
-# What a status says without the service's own error body (from a proxy, say); any other is "unavailable".
-CLIENT_ERRORS = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 413: "payload_too_large", 422: "invalid_request"}
 
 
 class Binding(Protocol):
@@ -37,7 +37,7 @@ class Binding(Protocol):
 class SearchOptions:
     """What every search of a retriever carries besides the query and k."""
 
-    mode: str = "vector"
+    mode: Mode = "vector"
     purpose: str | None = None
 
 
@@ -82,21 +82,22 @@ class OverHttp:
             body["purpose"] = self.options.purpose
         return {"url": self.url.rstrip("/") + SEARCH_PATH, "json": body, "headers": {"Authorization": f"Bearer {self.token}"}}
 
-    def search(self, query: str, k: int) -> list[dict[str, Any]]:
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """A transport failure as a ``WarehouseError`` naming the service."""
         try:
-            with httpx.Client(timeout=self.timeout) as client:
-                response = client.post(**self._request(query, k))
+            yield
         except httpx.HTTPError as exc:
             raise WarehouseError(f"cannot reach the ragwarden service at {self.url}: {exc}") from None
-        return _hits(response)
+
+    def search(self, query: str, k: int) -> list[dict[str, Any]]:
+        with self._reaching(), httpx.Client(timeout=self.timeout) as client:
+            return _hits(client.post(**self._request(query, k)))
 
     async def asearch(self, query: str, k: int) -> list[dict[str, Any]]:
-        try:
+        with self._reaching():
             async with httpx.AsyncClient(timeout=self.timeout) as client:
-                response = await client.post(**self._request(query, k))
-        except httpx.HTTPError as exc:
-            raise WarehouseError(f"cannot reach the ragwarden service at {self.url}: {exc}") from None
-        return _hits(response)
+                return _hits(await client.post(**self._request(query, k)))
 
 
 def _hits(response: httpx.Response) -> list[dict[str, Any]]:
@@ -111,10 +112,9 @@ def _hits(response: httpx.Response) -> list[dict[str, Any]]:
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         raise error_of(error["code"], str(error.get("message", "")))
-    message = f"the service answered {response.status_code} without a ragwarden answer: {response.text[:200]!r}"
-    if response.status_code in CLIENT_ERRORS:
-        raise error_of(CLIENT_ERRORS[response.status_code], message)
-    raise WarehouseError(message)
+    raise error_of_status(
+        response.status_code, f"the service answered {response.status_code} without a ragwarden answer: {response.text[:200]!r}"
+    )
 
 
 def bind(
