@@ -16,9 +16,9 @@ WORDS = ("ledger audit forecast payroll invoice budget quarterly review vendor c
 
 
 def document(doc_id: str, round_: int, *, tenant: str = "acme") -> dict[str, Any]:
-    """A record of three chunks whose every sentence names its round: a torn read shows at once."""
+    """A record of several chunks whose every sentence names its round: a torn read shows at once."""
     sentences = [f"Round {round_} of {doc_id}: {' '.join(WORDS[(i + j) % len(WORDS)] for j in range(12))}."
-                 for i in range(24)]  # fmt: skip
+                 for i in range(40)]  # fmt: skip
     return {"id": doc_id, "text": " ".join(sentences), "tenant": tenant, "acl": {"allow": ["group:staff"]},
             "labels": [], "classification": "internal", "uri": f"test://{doc_id}"}  # fmt: skip
 
