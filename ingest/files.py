@@ -1,8 +1,9 @@
 """Files as sources: text, Markdown, HTML and PDF, each with its governance (DESIGN §6).
 
 A file's governance comes from a sidecar ``<file>.acl.yaml`` next to it, else from the first
-matching rule of a manifest, or (``acl_from="posix"``) its ACL from the file's owner, group
-and mode. A file with no governance is refused, never given a default ACL (fail closed, §4).
+matching rule of a manifest, or (``acl_from="posix"``) its ACL from the POSIX permissions and
+ACLs on the way to it (``posix_access``). A file with no governance is refused, never given a
+default ACL (fail closed, §4).
 Every file yields exactly one outcome: a ``SourceRecord``, ``Skipped`` or ``Rejected``.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import stat
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +24,7 @@ from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWar
 from pypdf import PdfReader
 
 from ..errors import InvalidSourceError
-from ..governance.tags import EVERYONE
+from .posix_access import posix_readers
 from .records import Outcome, Rejected, Skipped, build_record
 
 MEDIA_TYPES = {
@@ -59,11 +59,13 @@ def iter_file_sources(
     and ``Rejected`` when named. The id is the sidecar's ``id``, else the path relative to the
     folder argument (or the file name); a later file whose id is already taken is ``Rejected``.
 
-    With ``acl_from="posix"`` the ACL is ``user:<owner>``, plus ``group:<group>`` if the group
-    may read and ``everyone`` if the world may; the owner is always listed, even without a read
-    bit, since an owner can grant it at will. Any ``acl`` in a sidecar or rule is then ignored,
-    and their tenant, labels and classification are used, defaulting to ``default_tenant``, no
-    labels and ``internal``. ``default_tenant`` also fills a sidecar or rule without a tenant.
+    With ``acl_from="posix"`` the ACL is who the kernel lets read the file: the users, groups and
+    ``everyone`` that may search every folder from ``/`` down and read the file, by mode bits and
+    extended ACLs, with a deny list for those a matching POSIX class keeps out (the rule is in
+    ``posix_access``); a file whose permissions cannot be read or named is rejected. Any ``acl``
+    in a sidecar or rule is then ignored, and their tenant, labels and classification are used,
+    defaulting to ``default_tenant``, no labels and ``internal``. ``default_tenant`` also fills a
+    sidecar or rule without a tenant.
 
     Raises ValueError for an unknown ``acl_from`` and InvalidSourceError for a malformed
     manifest, both before the first file is read: every file's governance depends on them.
@@ -159,28 +161,6 @@ def _load_manifest(path: Path) -> _Manifest:
     except ValueError as exc:
         raise InvalidSourceError(str(path), str(exc)) from None
     return _Manifest(path=path, root=Path(os.path.abspath(path.parent)), rules=tuple(parsed))
-
-
-def _posix_acl(path: Path) -> dict[str, list[str]]:
-    """The readers a file's owner, group and mode name (see ``iter_file_sources``)."""
-    import grp  # POSIX-only modules, imported when asked for
-    import pwd
-
-    info = path.stat()
-    allow = [f"user:{_account_name(pwd.getpwuid, info.st_uid, 'uid')}"]
-    if info.st_mode & stat.S_IRGRP:
-        allow.append(f"group:{_account_name(grp.getgrgid, info.st_gid, 'gid')}")
-    if info.st_mode & stat.S_IROTH:
-        allow.append(EVERYONE)
-    return {"allow": allow, "deny": []}
-
-
-def _account_name(lookup: Any, number: int, kind: str) -> str:
-    """The account's name, or ``uid-1000`` / ``gid-1000`` when the number has none."""
-    try:
-        return str(lookup(number)[0])
-    except KeyError:
-        return f"{kind}-{number}"
 
 
 def _extract_text(data: bytes, media_type: str, origin: str) -> str:
@@ -308,7 +288,7 @@ class _Loader:
             where = f"no rule of {self.manifest.path} matches it" if self.manifest else "no manifest"
             raise InvalidSourceError(origin, f"no governance: no sidecar {sidecar.name} and {where}")
         if self.posix:
-            fields["acl"] = _posix_acl(path)
+            fields["acl"] = posix_readers(path, origin=origin).as_acl()
             if fields.get("classification") is None:
                 fields["classification"] = POSIX_DEFAULT_CLASSIFICATION
         if fields.get("tenant") is None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import grp
 import pwd
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -235,18 +237,38 @@ def _owner_and_group(path: Path) -> tuple[str, str]:
     return f"user:{pwd.getpwuid(info.st_uid).pw_name}", f"group:{grp.getgrgid(info.st_gid).gr_name}"
 
 
+@pytest.fixture
+def searchable_folder() -> Iterator[Path]:
+    """A 0755 folder under the system's temporary folder: pytest's own base folder is 0700, and
+    ``--acl-from posix`` counts every folder above a file (tests/ingest/test_posix_access.py)."""
+    folder = Path(tempfile.mkdtemp(prefix="ragwarden-files-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
 @pytest.mark.parametrize(
-    "mode, readers",
-    [(0o600, {"owner"}), (0o640, {"owner", "group"}), (0o644, {"owner", "group", "everyone"}), (0o204, {"owner", "everyone"})],
+    "mode, readers, denied",
+    [
+        (0o600, {"owner"}, set()),
+        (0o640, {"owner", "group"}, set()),
+        (0o644, {"owner", "group", "everyone"}, set()),
+        (0o204, {"everyone"}, {"owner", "group"}),  # the owner and group classes refuse, and decide
+    ],
 )
-def test_posix_acl_comes_from_owner_group_and_mode(tmp_path: Path, mode: int, readers: set[str]) -> None:
-    path = tmp_path / "doc.txt"
+def test_posix_acl_comes_from_owner_group_and_mode(
+    searchable_folder: Path, mode: int, readers: set[str], denied: set[str]
+) -> None:
+    path = searchable_folder / "doc.txt"
     path.write_text("posix governed")
     path.chmod(mode)
     owner, group = _owner_and_group(path)
     record = only(iter_file_sources([path], acl_from="posix", default_tenant="acme"))
     names = {"owner": owner, "group": group, "everyone": "everyone"}
-    assert set(record.tags.acl_allow) == {names[r] for r in readers}
+    # the owners of / and /tmp, when not the file's: no class of their own on it, so "other" decides
+    above = {"user:root", "group:root"} - {owner, group} if "everyone" in readers else set()
+    assert set(record.tags.acl_allow) == {names[r] for r in readers} | above
+    assert record.tags.acl_deny == {names[r] for r in denied}
     assert (record.tags.tenant, record.tags.labels) == ("acme", frozenset())
     assert record.tags.classification is Classification.INTERNAL
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ def test_files_without_governance_are_rejected_and_the_rest_land(demo_policy_war
 
 
 def test_posix_permissions_become_the_acl(demo_policy_warehouse, tmp_path):
+    # pytest's temporary folders sit in a private (0700) folder: a 0644 file there is its owner's alone
     folder = tmp_path / "shared"
     folder.mkdir()
     (folder / "team.txt").write_text("team plan for the offsite", encoding="utf-8")
@@ -34,7 +36,7 @@ def test_posix_permissions_become_the_acl(demo_policy_warehouse, tmp_path):
     report = demo_policy_warehouse.ingest(folder, acl_from="posix", tenant="acme")
     assert report.documents == 1
     row = demo_policy_warehouse.store.chunks.search().limit(1).to_list()[0]
-    assert "everyone" in row["acl_allow"] and any(p.startswith("user:") for p in row["acl_allow"])
+    assert row["acl_allow"] == [f"user:{pwd.getpwuid(os.getuid()).pw_name}"]
     assert (row["tenant"], row["classification"]) == ("acme", 1)
 
 
