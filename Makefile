@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install chromium demo test test-fast test-quality bench bench-smoke bench-gpu soak clean
+.PHONY: install chromium acl-tools demo test test-fast test-quality bench bench-smoke bench-gpu soak clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ chromium:
 		$(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	fi
 
+# The POSIX ACL tests (tests/ingest/test_posix_access.py) build real trees with setfacl and getfacl
+# (Debian package acl): installed here where they are missing.
+acl-tools:
+	@if ! command -v setfacl >/dev/null 2>&1; then \
+		echo "installing setfacl (Debian package acl) for the POSIX ACL tests"; \
+		$(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q acl; \
+	fi
+
 $(BIN)/.bench-installed: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[test,ray,bench]'
 	touch $@
@@ -35,14 +43,15 @@ demo: install
 
 # pytest exits 5 when it collected no tests: that is a failure here, never a pass.
 # The SciFact quality test (marked `quality`) is left to `make bench`, which measures the same nDCG@10.
-# RAGWARDEN_REQUIRE_BROWSER: here a missing browser fails the console tests instead of skipping them.
-test: install chromium
-	@RAGWARDEN_REQUIRE_BROWSER=1 $(BIN)/pytest -m "not quality"; status=$$?; \
+# RAGWARDEN_REQUIRE_BROWSER: here a missing browser fails the console tests instead of skipping them;
+# RAGWARDEN_REQUIRE_ACL: likewise a missing setfacl fails the POSIX ACL tests.
+test: install chromium acl-tools
+	@RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 $(BIN)/pytest -m "not quality"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
-test-fast: install chromium
-	RAGWARDEN_REQUIRE_BROWSER=1 $(BIN)/pytest -m "not slow and not quality"
+test-fast: install chromium acl-tools
+	RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 $(BIN)/pytest -m "not slow and not quality"
 
 test-quality: install
 	$(BIN)/pytest -m quality
@@ -53,11 +62,16 @@ bench: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench $(BENCH_ARGS)
 
 # The soak: the load test of the suite (8 clients, one ingesting, every answer checked against the
-# oracle) for SOAK_SECONDS instead of a minute; figures in bench/results/soak.json. Not run in CI.
+# oracle) for SOAK_SECONDS instead of a minute, figures in bench/results/soak.json; then the
+# serializable-lifecycle stress (three processes of random ingest, sync, derive, forget and policy
+# install, every version checked) for SOAK_ROUNDS rounds instead of 6. Not run in CI.
 SOAK_SECONDS ?= 1800
+SOAK_ROUNDS ?= 200
 soak: install
 	RAGWARDEN_LOAD_SECONDS=$(SOAK_SECONDS) RAGWARDEN_LOAD_REPORT=bench/results/soak.json \
 		$(BIN)/pytest -m slow -p no:cacheprovider -q -s tests/reliability/test_load.py
+	RAGWARDEN_LIFECYCLE_ROUNDS=$(SOAK_ROUNDS) \
+		$(BIN)/pytest -m slow -p no:cacheprovider -q tests/reliability/test_serializable_lifecycle.py
 
 # On a machine with a CUDA GPU: SciFact ingest documents/s on the GPU against the CPU.
 bench-gpu: install

@@ -21,6 +21,18 @@ ATTEMPTS = 10
 FIRST_PAUSE_SECONDS = 0.02
 
 
+class SnapshotPurged(RuntimeError):
+    """A write planned from a table version that a concurrent purge removed: plan it again."""
+
+    def __init__(self, what: str, version: int) -> None:
+        super().__init__(f"{what}: version {version} was purged by a concurrent writer while being read")
+
+
+def is_missing_file(exc: BaseException) -> bool:
+    """Whether ``exc`` is Lance failing to find a file a table version names."""
+    return "not found" in str(exc).lower()
+
+
 def is_commit_conflict(exc: BaseException) -> bool:
     """Whether ``exc`` is Lance refusing a commit because another writer committed first."""
     text = str(exc).lower()

@@ -58,6 +58,9 @@ SOURCES_SCHEMA = pa.schema(
         pa.field("metadata", pa.string()),
         pa.field("ingest_run_id", pa.string()),
         pa.field("ingested_at", _timestamp),
+        # The ``chunks`` version whose commit this row describes: a row is replaced only by one of a
+        # later commit, so two writers finishing out of order leave the later commit's state.
+        pa.field("chunks_version", pa.int64()),
     ]
 )
 
@@ -73,6 +76,8 @@ LABELS_SCHEMA = pa.schema([pa.field("label", pa.string(), nullable=False)])
 
 POLICIES_SCHEMA = pa.schema(
     [
+        # Commit order: the policy in force is the one of the highest seq, whatever the clocks say.
+        pa.field("seq", pa.int64(), nullable=False),
         pa.field("version", pa.string(), nullable=False),
         pa.field("source", pa.string()),
         pa.field("text", pa.string(), nullable=False),

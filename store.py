@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import FTS
 
-from .commit_retry import is_commit_conflict, retrying_conflicts
+from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
 from .errors import WarehouseError
 from .governance.policy import Policy
 from .governance.sql import sql_documents, sql_in_list, sql_list
@@ -46,7 +46,9 @@ from .schema import (
     TAG_COLUMNS,
     chunks_schema,
 )
+from .snapshot import ChunksSnapshot, ChunkWrite
 
+T = TypeVar("T")
 DOCUMENT_KEY = ("tenant", "doc_id")
 DocumentKey = tuple[str, str]
 """(tenant, doc id): a document id names a document only within its tenant, so one tenant's ids
@@ -119,7 +121,13 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
 def open_table(db: Any, name: str, schema: pa.Schema) -> Any:
     """Table ``name`` of the warehouse, created empty if absent; refused if its schema differs."""
     try:
-        table = db.create_table(name, schema=schema, exist_ok=True)
+        try:  # opened, not created with exist_ok: that compares field metadata such as a primary key
+            table = db.open_table(name)
+        except ValueError:  # not there yet
+            try:
+                table = db.create_table(name, schema=schema)
+            except Exception:  # another process created it first
+                table = db.open_table(name)
     except Exception as exc:
         raise WarehouseError(f"warehouse {db.uri!r}: table {name!r} cannot be opened: {exc}") from exc
     if not table.schema.equals(schema, check_metadata=False):
@@ -138,10 +146,13 @@ class Store:
         self.dimension = dimension
         self.db = connect(uri, storage_options)
         self._refuse_missing_tables()
+        self._upgrade_tables()
         self.sources = self._table(SOURCES, SOURCES_SCHEMA)
         self.clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
         self.policies = self._table(POLICIES, POLICIES_SCHEMA)
         self.chunks = self._table(CHUNKS, chunks_schema(dimension))  # last: its presence marks a complete warehouse
+        for table, key in ((self.chunks, "chunk_id"), (self.policies, "seq")):
+            _declare_primary_key(table, key)
         self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
         self._label_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._lock = threading.Lock()
@@ -174,6 +185,25 @@ class Store:
             except Exception as exc:  # a table whose manifest cannot be read is damaged as a whole
                 found.append(f"{self.local_path / f'{name}.lance'} ({str(exc).splitlines()[0] if str(exc) else exc!r})")
         return found
+
+    def _upgrade_tables(self) -> None:
+        """Bring tables written by an earlier release to the current schema, in place: ``sources``
+        gains its ``chunks_version`` stamp (0: older than any commit to come), and ``policies`` its
+        commit order ``seq`` (the installs so far numbered by their install time, the only order
+        they recorded)."""
+        present = set(self.db.list_tables().tables)
+        if SOURCES in present:
+            sources = self.db.open_table(SOURCES)
+            if "chunks_version" not in sources.schema.names:
+                retrying_conflicts(
+                    lambda: sources.add_columns({"chunks_version": "CAST(0 AS BIGINT)"}), what="upgrading sources"
+                )
+        if POLICIES in present:
+            policies = self.db.open_table(POLICIES)
+            if "seq" not in policies.schema.names:
+                rows = policies.to_arrow().sort_by([("installed_at", "ascending")]).to_pylist()
+                numbered = [{**row, "seq": seq} for seq, row in enumerate(rows, start=1)]
+                self.db.create_table(POLICIES, pa.Table.from_pylist(numbered, schema=POLICIES_SCHEMA), mode="overwrite")
 
     def _refuse_missing_tables(self) -> None:
         """A table of a warehouse in use that has gone is an error naming it, never a fresh empty
@@ -239,11 +269,6 @@ class Store:
             merge = self.labels.merge_insert("label").when_not_matched_insert_all()
             retrying_conflicts(lambda: merge.execute(rows), what="registering labels")
 
-    def _register_labels_of(self, rows: pa.Table) -> None:
-        """Every write of rows goes through here first, so the registry holds every label on disk."""
-        if rows.num_rows:
-            self.register_labels(label for label in pc.list_flatten(rows.column("labels")).to_pylist() if label)
-
     def registry_version(self) -> str:
         """Changes whenever a clause token or a label is registered (part of every filter cache key)."""
         return _registry_version(self.clauses.version, self.labels.version)
@@ -304,30 +329,46 @@ class Store:
         rows = self._rows_where_in(self.chunks, "chunk_id", chunk_ids, ["chunk_id", "vector"])
         return {row["chunk_id"]: row["vector"] for row in rows}
 
-    def replace_documents(
-        self, keys: list[DocumentKey], chunk_rows: pa.Table, source_rows: pa.Table, *, orphans: Sequence[str] = ()
-    ) -> None:
-        """Make ``chunk_rows`` the only chunks of the documents ``keys``, in one commit.
+    def write_chunks(self, plan: Callable[[ChunksSnapshot], tuple[ChunkWrite, T]], *, what: str) -> tuple[T, int]:
+        """Plan a write from a snapshot of ``chunks`` and commit it on that snapshot, planning again
+        from a fresh one whenever a concurrent commit touched a row the plan wrote, read or deleted
+        (see ``snapshot``). Returns the plan's result and the version the commit made."""
 
-        Old chunks of those documents are deleted in the same commit that adds the new ones,
-        so a reader sees the old version or the new one, never both or neither. ``chunk_rows``
-        may also carry re-tagged derived rows, and ``orphans`` derived rows to delete with them.
-        """
-        self._register_labels_of(chunk_rows)
-        if keys:
-            gone = f"kind = 'chunk' AND ({sql_documents(keys)})"
-            if orphans:
-                gone = f"({gone}) OR chunk_id IN {sql_in_list(orphans)}"
-            merge = (
-                self.chunks.merge_insert("chunk_id")
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .when_not_matched_by_source_delete(gone)
-            )
-            retrying_conflicts(lambda: merge.execute(chunk_rows), what="writing documents")
-        if source_rows.num_rows:
-            sources = self.sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all().when_not_matched_insert_all()
-            retrying_conflicts(lambda: sources.execute(source_rows), what="recording sources")
+        def attempt() -> tuple[T, int]:
+            snapshot = ChunksSnapshot(self.chunks.to_lance())
+            try:
+                write, result = plan(snapshot)
+                self.register_labels(label for row in write.rows for label in row["labels"] if label)
+                return result, snapshot.commit(write)
+            except Exception as exc:
+                if is_missing_file(exc) and not is_commit_conflict(exc) and self.chunks.version != snapshot.version:
+                    raise SnapshotPurged(what, snapshot.version) from exc  # a forget's purge: plan again
+                raise
+
+        return retrying_conflicts(attempt, what=what)
+
+    def record_sources(self, rows: Sequence[Mapping[str, Any]], *, chunks_version: int) -> None:
+        """Write the source records of documents whose chunks were committed at ``chunks_version``
+        (whole records of an ingest, or the tag columns of a sync). A record already stamped by a
+        later commit is left as it is, so writers finishing out of order leave the latest state."""
+        if not rows:
+            return
+        names = [name for name in SOURCES_SCHEMA.names if name in rows[0] or name == "chunks_version"]
+        schema = pa.schema([SOURCES_SCHEMA.field(name) for name in names])
+        table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=schema)
+        merge = self.sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all(
+            where="target.chunks_version IS NULL OR source.chunks_version > target.chunks_version"
+        )
+        if len(names) == len(SOURCES_SCHEMA.names):
+            merge = merge.when_not_matched_insert_all()
+        # A replay after a conflict re-checks the stamp against the newer version.
+        retrying_conflicts(lambda: merge.execute(table), what="recording sources")
+
+    def forget_source(self, document: DocumentKey, *, chunks_version: int) -> None:
+        """Delete a document's source record, unless a commit later than ``chunks_version`` (the
+        erasure's) wrote it again."""
+        where = f"({sql_documents([document])}) AND COALESCE(chunks_version, 0) <= {int(chunks_version)}"
+        retrying_conflicts(lambda: self.sources.delete(where), what="deleting a source")
 
     @property
     def _columns_but_vector(self) -> list[str]:
@@ -370,54 +411,39 @@ class Store:
             found.update((r["chunk_id"], r) for r in rows)
         return found
 
-    def add_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Insert new rows (a derived row); an id already present is left as it is."""
-        table = pa.Table.from_pylist(rows, schema=self.chunks.schema)
-        self._register_labels_of(table)
-        merge = self.chunks.merge_insert("chunk_id").when_not_matched_insert_all()
-        retrying_conflicts(lambda: merge.execute(table), what="adding derived rows")
-
-    def update_tags(
-        self, rows: list[dict[str, Any]], sources: list[dict[str, Any]], *, delete: Sequence[str] = ()
-    ) -> None:
-        """Rewrite governance columns of existing rows, and delete ``delete``, in one commit;
-        vectors and text untouched."""
-        if rows or delete:
-            columns = ["chunk_id", *TAG_COLUMNS]
-            schema = pa.schema([self.chunks.schema.field(c) for c in columns])
-            table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in rows], schema=schema)
-            self._register_labels_of(table)
-            merge = self.chunks.merge_insert("chunk_id").when_matched_update_all()
-            if delete:
-                merge = merge.when_not_matched_by_source_delete(f"chunk_id IN {sql_in_list(delete)}")
-            retrying_conflicts(lambda: merge.execute(table), what="updating tags")
-        if sources:
-            columns = ["doc_id", "tags_fingerprint", *TAG_COLUMNS]  # TAG_COLUMNS holds the tenant
-            schema = pa.schema([self.sources.schema.field(c) for c in columns])
-            table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in sources], schema=schema)
-            update = self.sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all()
-            retrying_conflicts(lambda: update.execute(table), what="updating source tags")
-
-    def delete(self, chunk_ids: Iterable[str], document: DocumentKey) -> None:
-        """Delete rows, then their source record: no row ever outlives the record of where it came from."""
-        ids = sorted(set(chunk_ids))
-        if ids:
-            retrying_conflicts(lambda: self.chunks.delete(f"chunk_id IN {sql_in_list(ids)}"), what="deleting rows")
-        retrying_conflicts(lambda: self.sources.delete(sql_documents([document])), what="deleting a source")
+    def delete(self, chunk_ids: Iterable[str], document: DocumentKey) -> int:
+        """Delete rows, then their source record: no row ever outlives the record of where it came
+        from. Returns the ``chunks`` version of the deletion."""
+        doomed = sorted(set(chunk_ids))
+        _, version = self.write_chunks(lambda _: (ChunkWrite(delete=doomed), None), what="deleting rows")
+        self.forget_source(document, chunks_version=version)
+        return version
 
     def purge_history(self) -> dict[str, int]:
         """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
         indexes (both hold copies of what rows said), and drop every old table version, so erased
-        text and vectors are in no file under the warehouse."""
+        text and vectors are in no file under the warehouse.
+
+        Each step is retried when it loses a commit race (each converges). Files no version ever
+        committed are left to Lance's own week-long grace: they may belong to another writer's
+        commit in progress, and deleting those would leave its version naming missing files."""
         removed: dict[str, int] = {}
         for name, table in ((CHUNKS, self.chunks), (SOURCES, self.sources)):
-            table.to_lance().optimize.compact_files(materialize_deletions_threshold=0.0)
+            retrying_conflicts(
+                lambda t=table: t.to_lance().optimize.compact_files(materialize_deletions_threshold=0.0),
+                what=f"rewriting {name} without erased rows",
+            )
             table.checkout_latest()
             if name == CHUNKS and any(index.index_type == "FTS" for index in table.list_indices()):
-                table.create_index("text", config=FTS(), replace=True)
+                retrying_conflicts(
+                    lambda t=table: t.create_index("text", config=FTS(), replace=True), what="rebuilding the text index"
+                )
             if name == CHUNKS and has_vector_index(table):
-                ensure_vector_index(table, rows=table.count_rows(), rebuild=True)
-            stats = table.to_lance().cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+                retrying_conflicts(
+                    lambda t=table: ensure_vector_index(t, rows=t.count_rows(), rebuild=True),
+                    what="rebuilding the vector index",
+                )
+            stats = table.to_lance().cleanup_old_versions(older_than=timedelta(0))
             removed[name] = int(stats.old_versions)
         return removed
 
@@ -469,19 +495,41 @@ class Store:
 
     # -- policies -------------------------------------------------------------------------
 
-    def install_policy(self, policy: Policy) -> None:
-        row = {
-            "version": policy.version,
-            "source": policy.source,
-            "text": policy.source_text if policy.source_text is not None else policy.text,
-            "installed_at": datetime.now(timezone.utc),
-        }
-        self.policies.add(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))
+    def install_policy(self, policy: Policy) -> int:
+        """Append ``policy`` as the newest installed one; returns its ``seq``. Two replicas installing
+        at once cannot take one ``seq`` (it is the table's primary key): the later re-reads and
+        takes the next, so commit order, not any clock, decides which is in force."""
+
+        def attempt() -> int:
+            dataset = self.policies.to_lance()
+            seqs = dataset.to_table(columns=["seq"]).column("seq")
+            seq = (pc.max(seqs).as_py() or 0) + 1
+            row = {
+                "seq": seq,
+                "version": policy.version,
+                "source": policy.source,
+                "text": policy.source_text if policy.source_text is not None else policy.text,
+                "installed_at": datetime.now(timezone.utc),
+            }
+            merge = dataset.merge_insert("seq").when_not_matched_insert_all().use_index(False).conflict_retries(0)
+            merge.execute(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))
+            return seq
+
+        return retrying_conflicts(attempt, what="installing a policy")
 
     def installed_policy(self) -> Policy | None:
-        """The most recently installed policy, or None if the warehouse has none."""
+        """The policy of the latest install (the highest ``seq``), or None if the warehouse has none."""
         if self.policies.count_rows() == 0:
             return None
-        rows = self.policies.to_arrow().sort_by([("installed_at", "descending")]).slice(0, 1).to_pylist()
+        rows = self.policies.to_arrow().sort_by([("seq", "descending")]).slice(0, 1).to_pylist()
         row = rows[0]
         return Policy.from_text(row["text"], source=f"{self.uri} (policy {row['version']})")
+
+
+def _declare_primary_key(table: Any, column: str) -> None:
+    """Declare ``column`` the table's unenforced primary key (once), so that Lance records the keys
+    a commit inserts and refuses a concurrent commit inserting the same key."""
+    metadata = table.schema.field(column).metadata or {}
+    if any(key.startswith(b"lance-schema:unenforced-primary-key") for key in metadata):
+        return
+    retrying_conflicts(lambda: table.set_unenforced_primary_key(column), what=f"declaring the key of {table.name}")

@@ -20,6 +20,7 @@ from ..governance.policy import Policy
 from ..governance.propagation import propagate
 from ..governance.tags import GovernanceTags
 from ..governance.visibility import check_row
+from ..snapshot import ChunksSnapshot, ChunkWrite
 from ..store import DocumentKey, Store
 from .records import MAX_ID_LENGTH, RECORD_FIELDS, parse_tags
 
@@ -101,54 +102,40 @@ class Lifecycle:
             raise InvalidRequestError(f"kind {kind!r} is not one of {', '.join(DERIVED_KINDS)}")
         if isinstance(parents, str) or not parents or not all(isinstance(p, str) and p for p in parents):
             raise InvalidRequestError("parents must be a non-empty list of chunk ids")
-        rows = self.store.rows(parents)
-        registry = self.store.clause_registry()
-        for parent in parents:
-            row = rows.get(parent)
-            if policy is None or row is None or not check_row(policy, subject, tenant, row, registry).allowed:
-                raise NotFoundError(f"chunk {parent!r} not found")
-        tags = propagate([GovernanceTags.from_row(rows[p], registry) for p in dict.fromkeys(parents)])
+        vector = self.embedder.encode([text])[0].tolist()
         chunk_id = derived_id(kind, parents, text)
-        self.store.register_clauses(tags.clauses_by_token)
-        row = {
-            "chunk_id": chunk_id,
-            "doc_id": chunk_id,
-            "source_uri": f"derived:{chunk_id}",
-            "doc_version": hashlib.sha256(text.encode("utf-8")).hexdigest()[:32],
-            "kind": kind,
-            "position": 0,
-            "text": text,
-            "vector": self.embedder.encode([text])[0].tolist(),
-            **tags.row_columns(),
-            "parents": sorted(set(parents)),
-            "ingest_run_id": run_id,
-            "embedding_model": self.embedder.name,
-            "created_at": datetime.now(timezone.utc),
-        }
-        self.store.add_rows([row])
-        tags = self._settle(chunk_id, tags, parents)
-        return DerivedRow(
-            chunk_id=chunk_id,
-            kind=kind,
-            parents=tuple(row["parents"]),
-            tags=tags,
-            table_version=self.store.chunks.version,
-        )
+        wanted = sorted(set(parents))
 
-    def _settle(self, chunk_id: str, tags: GovernanceTags, parents: Sequence[str]) -> GovernanceTags:
-        """Close the race with a concurrent sync or forget: if a parent changed or vanished between
-        reading it and writing the new row, re-tag (or remove) the row from the parents as they are."""
-        current = self.store.rows(parents)
-        registry = self.store.clause_registry()
-        if len(current) == len(set(parents)):
-            now = propagate([GovernanceTags.from_row(row, registry) for row in current.values()])
-            if now.fingerprint() == tags.fingerprint():
-                return tags
-        derived, orphans = rederive(self.store, {p: current.get(p) for p in parents})
-        self.store.update_tags(derived, [], delete=orphans)
-        if chunk_id in orphans:
-            raise NotFoundError(f"chunk {next(p for p in parents if p not in current)!r} not found")
-        return next(GovernanceTags.from_row(r, registry) for r in derived if r["chunk_id"] == chunk_id)
+        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, GovernanceTags]:
+            rows = snapshot.rows(wanted)
+            registry = self.store.clause_registry()
+            for parent in parents:
+                row = rows.get(parent)
+                if policy is None or row is None or not check_row(policy, subject, tenant, row, registry).allowed:
+                    raise NotFoundError(f"chunk {parent!r} not found")
+            tags = propagate([GovernanceTags.from_row(rows[p], registry) for p in wanted])
+            self.store.register_clauses(tags.clauses_by_token)
+            row = {
+                "chunk_id": chunk_id,
+                "doc_id": chunk_id,
+                "source_uri": f"derived:{chunk_id}",
+                "doc_version": hashlib.sha256(text.encode("utf-8")).hexdigest()[:32],
+                "kind": kind,
+                "position": 0,
+                "text": text,
+                "vector": vector,
+                **tags.row_columns(),
+                "parents": wanted,
+                "ingest_run_id": run_id,
+                "embedding_model": self.embedder.name,
+                "created_at": datetime.now(timezone.utc),
+            }
+            # The parents are rewritten unchanged: the commit then fails if any of them changed
+            # or went since they were read, and the row is derived again from what they are now.
+            return ChunkWrite(rows=[row, *(rows[p] for p in wanted)]), tags
+
+        tags, version = self.store.write_chunks(plan, what="deriving a row")
+        return DerivedRow(chunk_id=chunk_id, kind=kind, parents=tuple(wanted), tags=tags, table_version=version)
 
     # -- sync ---------------------------------------------------------------------------------
 
@@ -165,19 +152,24 @@ class Lifecycle:
         for _, tags in changes:
             self.store.register_clauses(tags.clauses_by_token)
         new_tags = {(tags.tenant, doc_id): tags.row_columns() for doc_id, tags in changes}
-        chunk_ids = self.store.chunk_ids_of_documents(new_tags)
-        updated = {
-            chunk_id: {**row, **new_tags[(row["tenant"], row["doc_id"])]}
-            for chunk_id, row in self.store.rows(chunk_ids).items()
-        }
-        derived, orphans = rederive(self.store, updated)
+
+        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[int, int]]:
+            stored = snapshot.rows(snapshot.chunk_ids_of_documents(new_tags))
+            updated = {
+                chunk_id: {**row, **new_tags[(row["tenant"], row["doc_id"])]} for chunk_id, row in stored.items()
+            }
+            lineage = rederive(snapshot, self.store.clause_registry(), updated)
+            write = ChunkWrite(rows=[*updated.values(), *lineage.rows], delete=lineage.orphans)
+            return write, (len(updated), len(lineage.derived))
+
+        (chunks, derived), version = self.store.write_chunks(plan, what="re-tagging documents")
         sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
-        self.store.update_tags([*updated.values(), *derived], sources, delete=orphans)
+        self.store.record_sources(sources, chunks_version=version)
         return SyncReport(
             keys=tuple((tags.tenant, doc_id) for doc_id, tags in changes),
-            chunks=len(updated),
-            derived=len(derived),
-            table_version=self.store.chunks.version,
+            chunks=chunks,
+            derived=derived,
+            table_version=version,
         )
 
     # -- forget -------------------------------------------------------------------------------
@@ -187,13 +179,18 @@ class Lifecycle:
         and index files."""
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidRequestError("a reason is required to forget a document (it goes into the audit receipt)")
-        chunk_ids = self.store.chunk_ids_of(doc_id, tenant)
-        if not chunk_ids and not self.store.source_states([(tenant, doc_id)]):
+        if not self.store.chunk_ids_of(doc_id, tenant) and not self.store.source_states([(tenant, doc_id)]):
             raise NotFoundError(f"document {doc_id!r} not found")
-        derived = self.store.derived_from(chunk_ids)
-        self.store.delete([*chunk_ids, *derived], (tenant, doc_id))
+
+        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[int, int]]:
+            chunk_ids = snapshot.chunk_ids_of_documents([(tenant, doc_id)])
+            derived = snapshot.derived_from(chunk_ids)
+            return ChunkWrite(delete=[*chunk_ids, *derived]), (len(chunk_ids), len(derived))
+
+        (chunks, derived), version = self.store.write_chunks(plan, what="erasing a document")
+        self.store.forget_source((tenant, doc_id), chunks_version=version)
         purged = self.store.purge_history()
-        return ForgetReport(doc_id=doc_id, reason=reason, chunks=len(chunk_ids), derived=len(derived), versions_purged=purged)
+        return ForgetReport(doc_id=doc_id, reason=reason, chunks=chunks, derived=derived, versions_purged=purged)
 
 
 def _sync_change(record: Mapping[str, Any], origin: str) -> tuple[str, GovernanceTags]:
@@ -218,23 +215,43 @@ def _sync_change(record: Mapping[str, Any], origin: str) -> tuple[str, Governanc
     return doc_id, tags
 
 
+@dataclass(frozen=True, kw_only=True)
+class Rederived:
+    """The rows derived from changed parents, as one write needs them.
+
+    ``derived``: re-tagged derived rows; ``orphans``: ids of derived rows that lose a parent (they
+    go too: a row whose lineage is broken can no longer be evaluated); ``read``: rows whose tags
+    were read but do not change (other parents of a derived row), rewritten unchanged so that the
+    commit depends on them.
+    """
+
+    derived: list[dict[str, Any]]
+    orphans: list[str]
+    read: list[dict[str, Any]]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row the write must carry: the re-tagged and the read."""
+        return [*self.derived, *self.read]
+
+
 def rederive(
-    store: Store, parents: Mapping[str, Mapping[str, Any] | None]
-) -> tuple[list[dict[str, Any]], list[str]]:
+    snapshot: ChunksSnapshot, registry: Mapping[str, Sequence[str]], parents: Mapping[str, Mapping[str, Any] | None]
+) -> Rederived:
     """Rows derived (transitively) from ``parents``, re-tagged from their parents' tags as they will be.
 
-    ``parents`` maps chunk id -> its row with its new tags, or None for a row about to disappear.
-    Returns the re-tagged derived rows, and the ids of derived rows that lose a parent: those go
-    too (fail closed: a row whose lineage is broken can no longer be evaluated).
+    ``parents`` maps chunk id -> its row with its new tags, or None for a row about to disappear;
+    every other row is read from ``snapshot``.
     """
-    derived = store.derived_from(parents)
-    registry = store.clause_registry()
+    derived = snapshot.derived_from(parents)
     current: dict[str, Mapping[str, Any] | None] = dict(parents)
+    others = {p for row in derived.values() for p in row["parents"]} - current.keys() - derived.keys()
+    read = snapshot.rows(others)
     updated: list[dict[str, Any]] = []
     orphans: list[str] = []
     for chunk_id in _parents_first(derived):
         row = derived[chunk_id]
-        parent_rows = [current[p] if p in current else store.rows([p]).get(p) for p in row["parents"]]
+        parent_rows = [current[p] if p in current else read.get(p) for p in row["parents"]]
         if any(parent is None for parent in parent_rows):
             current[chunk_id] = None
             orphans.append(chunk_id)
@@ -242,7 +259,7 @@ def rederive(
         tags = propagate([GovernanceTags.from_row(parent, registry) for parent in parent_rows if parent is not None])
         current[chunk_id] = new = {**row, **tags.row_columns()}
         updated.append(new)
-    return updated, orphans
+    return Rederived(derived=updated, orphans=orphans, read=list(read.values()))
 
 
 def _parents_first(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-import pyarrow as pa
-
 from ..embedder import Embedder
-from ..schema import SOURCES_SCHEMA, TAG_COLUMNS
+from ..snapshot import ChunksSnapshot, ChunkWrite
 from ..store import DocumentKey, Store
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
@@ -152,30 +150,21 @@ class DocumentWriter:
         ]
         source_rows = [self._source_row(record, len(chunks), now) for record, chunks in plan.chunked]
         self.store.register_clauses({t: c for r in plan.changed for t, c in r.tags.clauses_by_token.items()})
-        replaced = [r for r in plan.changed if r.key in plan.existing]  # new documents have nothing derived yet
-        derived, orphans = self._rederive(replaced, chunk_rows) if replaced else ([], [])
-        self.store.replace_documents(
-            [r.key for r in plan.changed],
-            pa.Table.from_pylist([*chunk_rows, *derived], schema=self.store.chunks.schema),
-            pa.Table.from_pylist(source_rows, schema=SOURCES_SCHEMA),
-            orphans=orphans,
-        )
-        written = [r.key for r in plan.changed]
-        return BatchResult(written=written, unchanged=plan.unchanged, chunks=len(chunk_rows))
-
-    def _rederive(
-        self, changed: Sequence[SourceRecord], chunk_rows: list[dict[str, object]]
-    ) -> tuple[list[dict[str, object]], list[str]]:
-        """Rows derived from the changed documents' current chunks, re-tagged (whole rows, for the
-        same commit); those derived from a chunk that disappears are returned as orphans."""
-        old_ids = self.store.chunk_ids_of_documents(r.key for r in changed)
+        keys = [r.key for r in plan.changed]
         new_rows = {str(row["chunk_id"]): row for row in chunk_rows}
-        parents = {chunk_id: new_rows.get(chunk_id) for chunk_id in old_ids}
-        derived, orphans = rederive(self.store, parents)
-        if not derived:
-            return [], orphans
-        stored = self.store.rows((str(row["chunk_id"]) for row in derived), columns=self.store.chunks.schema.names)
-        return [{**stored[str(row["chunk_id"])], **{c: row[c] for c in TAG_COLUMNS}} for row in derived], orphans
+
+        def replace(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, None]:
+            """The documents' chunks become ``chunk_rows`` in one commit: old chunks go in the commit
+            that adds the new ones, and rows derived from them are re-tagged (or, when their parent
+            chunk goes, removed) in it too, all read from the snapshot the commit is made on."""
+            old_ids = snapshot.chunk_ids_of_documents(keys)
+            lineage = rederive(snapshot, self.store.clause_registry(), {cid: new_rows.get(cid) for cid in old_ids})
+            gone = [cid for cid in old_ids if cid not in new_rows]
+            return ChunkWrite(rows=[*chunk_rows, *lineage.rows], delete=[*gone, *lineage.orphans]), None
+
+        _, version = self.store.write_chunks(replace, what="writing documents")
+        self.store.record_sources(source_rows, chunks_version=version)
+        return BatchResult(written=keys, unchanged=plan.unchanged, chunks=len(chunk_rows))
 
     def _chunk_row(
         self, record: SourceRecord, chunk: Chunk, cid: str, vectors: dict[str, list[float]], now: datetime

@@ -184,11 +184,11 @@ def test_a_window_of_batches_is_embedded_in_one_call_and_committed_batch_by_batc
     )
     warehouse = Warehouse(Settings(warehouse=str(tmp_path / "wh"), write_batch_docs=2), embedder=embedder)
     commits: list[list[str]] = []
-    replace = warehouse.store.replace_documents
+    record = warehouse.store.record_sources  # called once per committed batch, with its documents
     monkeypatch.setattr(
         warehouse.store,
-        "replace_documents",
-        lambda keys, *a, **k: commits.append([doc_id for _, doc_id in keys]) or replace(keys, *a, **k),
+        "record_sources",
+        lambda rows, **k: commits.append([row["doc_id"] for row in rows]) or record(rows, **k),
     )
     report = warehouse.ingest_records([make_record(id=f"d{i}", text=f"Document number {i}.") for i in range(5)])
     assert report.documents == 5 and calls == [5]

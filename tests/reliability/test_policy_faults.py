@@ -38,7 +38,8 @@ def _readiness(url: str) -> dict:
 
 def _store_policy_text(warehouse: Warehouse, text: str) -> None:
     """A policy row that never went through validation (a damaged or hand-edited table)."""
-    row = {"version": "damaged", "source": "hand edit", "text": text, "installed_at": datetime.now(UTC)}
+    seq = warehouse.store.policies.count_rows() + 1  # the next install in commit order
+    row = {"seq": seq, "version": "damaged", "source": "hand edit", "text": text, "installed_at": datetime.now(UTC)}
     warehouse.store.policies.add(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))
 
 

@@ -1,0 +1,109 @@
+"""The ``chunks`` table pinned at one committed version, and the conditional commit of a write
+planned from it.
+
+Why: a lifecycle write (ingest, sync, derive, forget) computes rows' tags from other rows' tags.
+If it read one version and committed on top of a newer one, it could write tags computed from
+what is no longer there (a derived row keeping a parent's old, wider ACL). So every such write
+reads through one snapshot and commits *on that snapshot*: Lance then checks the commit against
+every commit made since, row by row, and refuses it if any row it updates or deletes was updated
+or deleted meanwhile, or a row it inserts was inserted meanwhile (``chunk_id`` is the table's
+unenforced primary key). A plan rewrites, unchanged, every row whose tags it read without
+changing them (a derived row's other parents), so a change to any of them conflicts too. A
+refused commit is never replayed: the caller plans again from a fresh snapshot
+(``commit_retry.retrying_conflicts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from .governance.sql import sql_documents, sql_in_list, sql_list
+
+DocumentKey = tuple[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkWrite:
+    """One commit of the ``chunks`` table, planned from one snapshot.
+
+    ``rows`` are written whole (new rows, re-tagged rows, and rows read and rewritten unchanged
+    so that the commit depends on them); ``delete`` are ids of rows to remove.
+    """
+
+    rows: Sequence[Mapping[str, Any]] = ()
+    delete: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        ids = [str(row["chunk_id"]) for row in self.rows]
+        if len(ids) != len(set(ids)):
+            raise ValueError("a chunk write names a row twice")
+        if set(ids) & set(self.delete):
+            raise ValueError("a chunk write both writes and deletes a row")
+
+    @property
+    def empty(self) -> bool:
+        return not self.rows and not self.delete
+
+
+def _without_nul(values: Iterable[str]) -> list[str]:
+    """Ids that can be SQL literals: one holding a NUL names no row."""
+    return sorted({v for v in values if isinstance(v, str) and "\x00" not in v})
+
+
+class ChunksSnapshot:
+    """Reads of the ``chunks`` table at one version, and the one conditional commit on it."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._dataset = dataset
+        self.schema: pa.Schema = dataset.schema
+        self.version: int = dataset.version
+
+    def _where(self, predicate: str, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        wanted = list(columns) if columns is not None else self.schema.names
+        return self._dataset.to_table(columns=wanted, filter=predicate).to_pylist()
+
+    def rows(self, chunk_ids: Iterable[str], columns: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Whole rows (vectors included, so they can be rewritten) by id; missing ids are absent."""
+        wanted = _without_nul(chunk_ids)
+        if not wanted:
+            return {}
+        return {row["chunk_id"]: row for row in self._where(f"chunk_id IN {sql_in_list(wanted)}", columns)}
+
+    def chunk_ids_of_documents(self, keys: Iterable[DocumentKey]) -> list[str]:
+        """The source chunks of the documents ``keys`` ((tenant, doc id) pairs)."""
+        wanted = {(t, d) for t, d in keys if "\x00" not in t and "\x00" not in d}
+        if not wanted:
+            return []
+        rows = self._where(f"kind = 'chunk' AND ({sql_documents(wanted)})", ["chunk_id"])
+        return sorted(row["chunk_id"] for row in rows)
+
+    def derived_from(self, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Every derived row (whole) that derives, directly or through other derived rows, from
+        ``chunk_ids``; source chunks, which name their document as parent, are never followed."""
+        found: dict[str, dict[str, Any]] = {}
+        frontier = _without_nul(chunk_ids)
+        while frontier:
+            rows = self._where(f"kind != 'chunk' AND array_has_any(parents, {sql_list(frontier)})")
+            frontier = sorted({row["chunk_id"] for row in rows} - found.keys())
+            found.update((row["chunk_id"], row) for row in rows)
+        return found
+
+    def commit(self, write: ChunkWrite) -> int:
+        """Commit ``write`` on this snapshot's version; raises Lance's conflict error (never retried
+        here) when a commit since then touched a row it writes or deletes. Returns the new version."""
+        if write.empty:
+            return self.version
+        table = pa.Table.from_pylist([dict(row) for row in write.rows], schema=self.schema)
+        merge = self._dataset.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all()
+        doomed = _without_nul(write.delete)
+        if doomed:
+            merge = merge.when_not_matched_by_source_delete(f"chunk_id IN {sql_in_list(doomed)}")
+        # use_index(False): the indexed route does not record inserted keys, so two concurrent
+        # inserts of one chunk id would both commit. conflict_retries(0): Lance's own retry would
+        # replay these rows, computed from this snapshot, onto a newer version.
+        merge.use_index(False).conflict_retries(0).execute(table)
+        return int(self._dataset.version)
