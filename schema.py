@@ -60,7 +60,7 @@ SOURCES_SCHEMA = pa.schema(
         pa.field("ingested_at", _timestamp),
         # The ``chunks`` version whose commit this row describes: a row is replaced only by one of a
         # later commit, so two writers finishing out of order leave the later commit's state.
-        pa.field("chunks_version", pa.int64()),
+        pa.field("chunks_version", pa.int64(), nullable=False),
     ]
 )
 

@@ -357,7 +357,7 @@ class Store:
         schema = pa.schema([SOURCES_SCHEMA.field(name) for name in names])
         table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=schema)
         merge = self.sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all(
-            where="target.chunks_version IS NULL OR source.chunks_version > target.chunks_version"
+            where="source.chunks_version > target.chunks_version"
         )
         if len(names) == len(SOURCES_SCHEMA.names):
             merge = merge.when_not_matched_insert_all()
@@ -367,7 +367,7 @@ class Store:
     def forget_source(self, document: DocumentKey, *, chunks_version: int) -> None:
         """Delete a document's source record, unless a commit later than ``chunks_version`` (the
         erasure's) wrote it again."""
-        where = f"({sql_documents([document])}) AND COALESCE(chunks_version, 0) <= {int(chunks_version)}"
+        where = f"({sql_documents([document])}) AND chunks_version <= {int(chunks_version)}"
         retrying_conflicts(lambda: self.sources.delete(where), what="deleting a source")
 
     @property

@@ -1,0 +1,90 @@
+"""The state layer's orderings: the policy in force is the last committed, a source record is
+replaced only by a later commit's, and warehouses of an earlier release are brought up to date."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import lancedb
+import pyarrow as pa
+import pytest
+
+from ragwarden import store as store_module
+from ragwarden.config import Settings
+from ragwarden.embedder import Embedder
+from ragwarden.governance.policy import Policy
+from ragwarden.warehouse import Warehouse
+
+POLICY_A = "p, group:finance, acme, label:pii, read, allow\n"
+POLICY_B = "p, group:hr, acme, label:pii, read, allow\n"
+
+
+class _ClockBehind(datetime):
+    """A replica whose clock runs a day behind."""
+
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[override]
+        return datetime.now(tz) - timedelta(days=1)
+
+
+def test_the_policy_in_force_is_the_last_committed_even_from_a_replica_whose_clock_runs_behind(
+    fresh_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
+):
+    first = Policy.from_text(POLICY_A)
+    fresh_warehouse.store.install_policy(first)
+    monkeypatch.setattr(store_module, "datetime", _ClockBehind)
+    second = Policy.from_text(POLICY_B)
+    fresh_warehouse.store.install_policy(second)
+    assert fresh_warehouse.policy is not None and fresh_warehouse.policy.version == second.version
+
+
+def test_installs_racing_from_several_threads_each_take_their_own_place(fresh_warehouse: Warehouse):
+    policies = [Policy.from_text(f"p, group:g{n}, acme, label:pii, read, allow\n") for n in range(8)]
+    start = threading.Barrier(len(policies))
+    seqs: dict[int, Policy] = {}
+
+    def install(policy: Policy) -> None:
+        start.wait()
+        seqs[fresh_warehouse.store.install_policy(policy)] = policy
+
+    threads = [threading.Thread(target=install, args=(p,)) for p in policies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(seqs) == list(range(1, len(policies) + 1))
+    last = seqs[max(seqs)]
+    assert fresh_warehouse.policy is not None and fresh_warehouse.policy.version == last.version
+
+
+def test_a_source_record_is_replaced_only_by_a_later_commits(fresh_warehouse: Warehouse, make_record):
+    assert fresh_warehouse.ingest_records([make_record(id="doc-1")]).ok
+    record = fresh_warehouse.store.sources.to_arrow().to_pylist()[0]
+    later = {**record, "tags_fingerprint": "later", "classification": 3}
+    earlier = {**record, "tags_fingerprint": "earlier", "classification": 0}
+    version = record["chunks_version"]
+    fresh_warehouse.store.record_sources([later], chunks_version=version + 2)
+    fresh_warehouse.store.record_sources([earlier], chunks_version=version + 1)  # finished last, committed first
+    (stored,) = fresh_warehouse.store.sources.to_arrow().to_pylist()
+    assert (stored["tags_fingerprint"], stored["classification"], stored["chunks_version"]) == ("later", 3, version + 2)
+
+
+def test_a_warehouse_of_an_earlier_release_is_upgraded_in_place(tmp_path: Path, embedder: Embedder):
+    uri = str(tmp_path / "wh")
+    Warehouse(Settings(warehouse=uri), embedder=embedder)  # every table, at the current schema
+    db = lancedb.connect(uri)
+    now = datetime.now(UTC)
+    old_policies = pa.schema([("version", pa.string()), ("source", pa.string()), ("text", pa.string()),
+                              ("installed_at", pa.timestamp("us", tz="UTC"))])  # fmt: skip
+    rows = [{"version": "b", "source": "x", "text": POLICY_B, "installed_at": now},
+            {"version": "a", "source": "x", "text": POLICY_A, "installed_at": now - timedelta(hours=1)}]  # fmt: skip
+    db.create_table("policies", pa.Table.from_pylist(rows, schema=old_policies), mode="overwrite")
+    db.open_table("sources").drop_columns(["chunks_version"])
+
+    reopened = Warehouse(Settings(warehouse=uri), embedder=embedder)
+    numbered = sorted((r["seq"], r["version"]) for r in reopened.store.policies.to_arrow().to_pylist())
+    assert numbered == [(1, "a"), (2, "b")]  # numbered by install time, the only order recorded
+    assert reopened.policy is not None and reopened.policy.version == Policy.from_text(POLICY_B).version
+    assert "chunks_version" in reopened.store.sources.schema.names
