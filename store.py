@@ -447,6 +447,15 @@ class Store:
             removed[name] = int(stats.old_versions)
         return removed
 
+    def versions_left(self) -> dict[str, int]:
+        """How many versions of the tables that hold row content remain (after a purge: one each)."""
+        return {CHUNKS: len(self.chunks.list_versions()), SOURCES: len(self.sources.list_versions())}
+
+    def row_tenant(self, chunk_id: str) -> str | None:
+        """The tenant of a derived row (a summary, note or memory), or None if there is no such row."""
+        row = self.rows([chunk_id], ["chunk_id", "tenant", "kind"]).get(chunk_id)
+        return row["tenant"] if row is not None and row["kind"] != "chunk" else None
+
     def require_version(self, min_version: int | None) -> None:
         """Refuse to serve from a ``chunks`` table older than ``min_version``."""
         if min_version is None or self.chunks.version >= min_version:

@@ -30,6 +30,7 @@ from .governance.explain import Explanation, explain_row, not_visible
 from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary, LineageEmitter
 from .governance.policy import Policy
 from .governance.policy_in_force import PolicyInForce
+from .governance.tags import actor_problem
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
@@ -191,6 +192,7 @@ class Warehouse:
         actor: str | None = None,
     ) -> T:
         """Run an operation and record the decision: refused (and why) or done (and what)."""
+        _check_actor(actor)
         who = {"kind": "decision", "operation": operation, "subject": subject, "tenant": tenant, "actor": actor}
         try:
             result = action()
@@ -221,13 +223,17 @@ class Warehouse:
         describe: Callable[[T], Mapping[str, Any]],
         *,
         actor: str | None = None,
+        touched: Callable[[T], Mapping[str, Sequence[str]]] | None = None,
     ) -> T:
         """An operation run by the operator (``subject=None``, any tenant) or, authorized, by a named caller.
 
         ``action`` receives the tenant the caller is confined to (None for the operator).
+        ``touched`` gives, for an operator's run, the documents it wrote in each tenant: the run
+        is then recorded once per tenant, naming only that tenant's documents, so each tenant's
+        auditor sees what was done to it and nothing of the others.
         """
         if subject is None:
-            return self._decided(operation, OPERATOR, ANY_TENANT, lambda: action(None), describe)
+            return self._operated(operation, lambda: action(None), describe, touched)
         confined = tenant if isinstance(tenant, str) and tenant else ANY_TENANT
         return self._decided(
             operation,
@@ -237,6 +243,29 @@ class Warehouse:
             describe,
             actor=actor,
         )
+
+    def _operated(
+        self,
+        operation: str,
+        action: Callable[[], T],
+        describe: Callable[[T], Mapping[str, Any]],
+        touched: Callable[[T], Mapping[str, Sequence[str]]] | None,
+    ) -> T:
+        """Run an operator's operation; record it per tenant it touched (``_governed``), or once
+        under ``*`` when it touched none or was refused."""
+        who = {"kind": "decision", "operation": operation, "subject": OPERATOR, "actor": None}
+        try:
+            result = action()
+        except (NotFoundError, PermissionDeniedError) as exc:
+            self._receipt(**who, tenant=ANY_TENANT, allowed=False, reason=str(exc))
+            raise
+        described = dict(describe(result))
+        by_tenant = {t: ids for t, ids in (touched(result) if touched else {}).items() if ids}
+        if len(by_tenant) > 1:  # counts and details span tenants: each tenant's receipt names only its own
+            described = {"reason": f"{operation} run by the operator", "details": {}}
+        for where, doc_ids in sorted(by_tenant.items()) or [(ANY_TENANT, ())]:
+            self._receipt(**who, tenant=where, allowed=True, **{**described, **({"doc_ids": tuple(doc_ids)} if doc_ids else {})})
+        return result
 
     # -- ingest -------------------------------------------------------------------------------
 
@@ -264,7 +293,9 @@ class Warehouse:
             max_bytes=self.settings.max_file_bytes,
         )
         sources = [str(Path(p).resolve()) for p in items]
-        return self._governed("ingest", None, None, lambda _: self._run(outcomes, progress, sources, engine), _ingested)
+        return self._governed(
+            "ingest", None, None, lambda _: self._run(outcomes, progress, sources, engine), _ingested, touched=_written
+        )
 
     @_names_storage_failures
     def ingest_records(
@@ -293,7 +324,7 @@ class Warehouse:
             )
             return self._run(outcomes, progress, sources, engine)
 
-        return self._governed("ingest", subject, tenant, run, _ingested, actor=actor)
+        return self._governed("ingest", subject, tenant, run, _ingested, actor=actor, touched=_written)
 
     def _run(
         self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local"
@@ -353,6 +384,7 @@ class Warehouse:
         ``min_version``: refuse to answer from a table older than this version (read-your-writes).
         ``actor``: the agent acting for ``subject``; it gets exactly the subject's visibility.
         """
+        _check_actor(actor)
         self.store.require_version(min_version)
         policy = self.policy
         hits, withheld = self._searcher.search(
@@ -385,6 +417,7 @@ class Warehouse:
         """One chunk or derived row by id, if ``subject`` may read it; ``NotFoundError`` alike whether
         it is missing or forbidden, so the answer reveals nothing of rows the caller cannot see."""
         validate_request("get", subject, tenant, 1, "vector")
+        _check_actor(actor)
         policy = self.policy
         hit = self._searcher.get(chunk_id, policy=policy, subject=subject, tenant=tenant)
         self.audit.append(
@@ -396,7 +429,7 @@ class Warehouse:
                 tenant=tenant,
                 allowed=hit is not None,
                 reason="visible" if hit is not None else "not visible (missing or forbidden)",
-                chunk_ids=(hit.chunk_id,) if hit else (),
+                chunk_ids=(hit.chunk_id,) if hit else _asked(chunk_id),
                 doc_ids=(hit.doc_id,) if hit else (),
                 chunk_labels={hit.chunk_id: hit.labels} if hit else {},
                 policy_version=policy.version if policy else None,
@@ -500,22 +533,24 @@ class Warehouse:
                 "doc_ids": report.documents,
             },
             actor=actor,
+            touched=lambda report: _by_tenant(report.keys),
         )
 
     @_names_storage_failures
     def forget(
         self,
-        doc_id: str,
+        item_id: str,
         *,
         reason: str,
         subject: str | None = None,
         tenant: str | None = None,
         actor: str | None = None,
     ) -> ForgetReport:
-        """Erase a document and everything derived from it, and purge it from old versions.
+        """Erase a document, or a derived row (a summary, note or agent memory) by its own id, with
+        everything derived from it, and purge it from old versions; the receipt is its tombstone.
 
-        A named ``subject`` needs ``forget`` in ``tenant``; another tenant's document reads as missing.
-        The operator names ``tenant`` when the id is used in more than one.
+        A named ``subject`` needs ``forget`` in ``tenant``; another tenant's item reads as missing.
+        The operator names ``tenant`` when a document id is used in more than one.
         """
         # The reason goes into the receipt: refuse one it cannot hold before erasing anything.
         if not isinstance(reason, str) or not reason.strip() or "\x00" in reason:
@@ -524,13 +559,8 @@ class Warehouse:
             )
 
         def run(confined: str | None) -> ForgetReport:
-            owner = self._tenant_of_document(doc_id, confined or tenant)
-            return self._tracked(
-                "forget",
-                [f"doc:{doc_id}"],
-                lambda: self._lifecycle.forget(doc_id, tenant=owner, reason=reason),
-                lambda _: self._chunks_output(0),
-            )
+            erase = self._erasure(item_id, confined or tenant, reason)
+            return self._tracked("forget", [f"doc:{item_id}"], erase, lambda _: self._chunks_output(0))
 
         return self._governed(
             "forget",
@@ -539,11 +569,24 @@ class Warehouse:
             run,
             lambda report: {
                 "reason": reason,
-                "doc_ids": (report.doc_id,),
-                "details": {"chunks": report.chunks, "derived": report.derived},
+                "doc_ids": (report.item_id,),
+                "details": {"chunks": report.chunks, "derived": report.derived, "tombstone": report.tombstone()},
             },
             actor=actor,
+            touched=lambda report: {report.tenant: [report.item_id]},
         )
+
+    def _erasure(self, item_id: str, tenant: str | None, reason: str) -> Callable[[], ForgetReport]:
+        """How to erase ``item_id`` within ``tenant`` (None: the operator, any tenant): as a
+        document if one of that id is there, else as a derived row; missing reads as not found."""
+        holders = self.store.document_tenants(item_id)
+        if (tenant is None and holders) or tenant in holders:
+            owner = self._tenant_of_document(item_id, tenant)
+            return lambda: self._lifecycle.forget(item_id, tenant=owner, reason=reason)
+        row_tenant = self.store.row_tenant(item_id)
+        if row_tenant is not None and tenant in (None, row_tenant):
+            return lambda: self._lifecycle.forget_row(item_id, tenant=row_tenant, reason=reason)
+        raise NotFoundError(f"document or derived row {item_id!r} not found")
 
     # -- questions ----------------------------------------------------------------------------
 
@@ -557,6 +600,8 @@ class Warehouse:
         ``audit``, a row the subject cannot read is only "not visible": nothing of it leaks.
         """
         caller = caller or subject
+        if not isinstance(chunk_id, str) or "\x00" in chunk_id:
+            raise InvalidRequestError("a chunk id is text without NUL characters")
 
         def decide() -> Explanation:
             policy = self.policy
@@ -578,7 +623,8 @@ class Warehouse:
             decide,
             lambda result: {
                 "reason": f"asked about {subject}: {'visible' if result.allowed else 'not visible'}",
-                "chunk_ids": (chunk_id,),
+                "chunk_ids": _asked(chunk_id),
+                "details": {"about": subject, "visible": result.allowed},
             },
             actor=actor,
         )
@@ -624,7 +670,7 @@ class Warehouse:
             caller,
             confined,
             lambda: self._audited(caller, confined, lambda: self._lineage(item_id, confined)),
-            lambda found: {"reason": f"lineage of {item_id!r}", "chunk_ids": tuple(found["chunks"])},
+            lambda found: {"reason": f"lineage of {item_id!r}", "doc_ids": _asked(item_id)},
         )
 
     def _tenant_of_document(self, doc_id: str, tenant: str | None) -> str:
@@ -642,34 +688,45 @@ class Warehouse:
         return holders[0]
 
     def _lineage(self, item_id: str, tenant: str | None) -> dict[str, Any]:
+        """The lineage of ``item_id`` within ``tenant`` (None: the operator, the item's own tenant).
+
+        Receipts are the item's tenant's only, each saying what came of it: rows ``returned`` only
+        by a retrieval that returned them; a refused probe listed as refused. An erased document
+        or row leaves its tombstones (from the forget receipts: ids, when, who, why, the purge's
+        proof), never its content."""
+        if "\x00" in item_id:  # no id holds one: it names nothing, here as everywhere
+            raise NotFoundError(f"no document or row {item_id!r}")
         try:
             owner: str | None = self._tenant_of_document(item_id, tenant)
         except NotFoundError:
             owner = None
         chunk_ids = self.store.chunk_ids_of(item_id, owner) if owner is not None else []
         source = self.store.source_states([(owner, item_id)]).get((owner, item_id)) if owner is not None else None
+        scope = owner
         if not chunk_ids and source is None:
             row = self.store.rows([item_id]).get(item_id)
-            if row is None or (tenant is not None and row["tenant"] != tenant):
-                raise NotFoundError(f"no document or row {item_id!r}")
-            chunk_ids = [item_id]
+            if row is not None and tenant in (None, row["tenant"]):
+                chunk_ids, scope = [item_id], row["tenant"]
+        tombstones = [
+            r for r in self.audit.query(operation="forget", doc_id=item_id, tenant=scope or tenant) if r.allowed
+        ]
+        if not chunk_ids and source is None and not tombstones:
+            raise NotFoundError(f"no document or row {item_id!r}")
+        scope = scope or tenant or tombstones[0].tenant
         derived = self.store.derived_from(chunk_ids)
-        touched = [*chunk_ids, *derived]
-        receipts = {r.seq: r for chunk in touched for r in self.audit.query(chunk_id=chunk)}
+        erased = {i for r in tombstones for part in ("chunks", "derived") for i in r.details.get("tombstone", {}).get("erased", {}).get(part, [])}
+        touched = {*chunk_ids, *derived, *erased}
+        found = {r.seq: r for r in self.audit.query(any_chunk_ids=touched, tenant=scope)}
+        found.update((r.seq, r) for r in self.audit.query(doc_id=item_id, tenant=scope))
         return {
             "source": None if source is None else {"doc_id": source.doc_id, "tenant": source.tenant, "version": source.doc_version},
             "chunks": chunk_ids,
             "derived": [{"chunk_id": i, "kind": r["kind"], "parents": r["parents"]} for i, r in sorted(derived.items())],
-            "receipts": [
-                {
-                    "seq": r.seq,
-                    "time": r.time.isoformat(),
-                    "operation": r.operation,
-                    "subject": r.subject,
-                    "actor": r.actor,
-                    "returned": sorted(set(r.chunk_ids) & set(touched)),
-                }
-                for _, r in sorted(receipts.items())
+            "receipts": [_lineage_receipt(r, touched) for _, r in sorted(found.items()) if r.operation != "audit"],
+            "tombstones": [
+                {"seq": r.seq, "time": r.time.isoformat(), "subject": r.subject, "actor": r.actor, "reason": r.reason,
+                 **r.details.get("tombstone", {})}  # fmt: skip
+                for r in tombstones
             ],
         }
 
@@ -710,6 +767,49 @@ class Warehouse:
         return policy
 
 
+_DONE = {"search": "returned", "get": "returned", "derive": "derived", "ingest": "ingested", "sync": "re-tagged",
+         "forget": "erased"}  # fmt: skip
+
+
+def _lineage_receipt(receipt: StoredReceipt, touched: set[str]) -> dict[str, Any]:
+    """One receipt as lineage shows it: what it did to the lineage's rows, refusals as refusals."""
+    rows = sorted(set(receipt.chunk_ids) & touched)
+    if not receipt.allowed:
+        outcome = "refused"
+    elif receipt.operation == "explain":
+        visible = receipt.details.get("visible")
+        outcome = "explained" if visible is None else f"explained: {'visible' if visible else 'not visible'}"
+    else:
+        outcome = _DONE.get(receipt.operation, receipt.operation)
+    return {
+        "seq": receipt.seq,
+        "time": receipt.time.isoformat(),
+        "operation": receipt.operation,
+        "subject": receipt.subject,
+        "actor": receipt.actor,
+        "purpose": receipt.purpose,
+        "allowed": receipt.allowed,
+        "outcome": outcome,
+        "returned": rows if outcome == "returned" else [],
+        "rows": rows,
+    }
+
+
+def _asked(item_id: object) -> tuple[str, ...]:
+    """The id a probe asked about, as a receipt can hold it (none if it is not text a receipt can
+    hold): receipts of explain and of a refused get name it with ``allowed`` saying what came of it."""
+    asked = str(item_id)[:256]
+    return (asked,) if asked and "\x00" not in asked and asked.isprintable() else ()
+
+
+def _check_actor(actor: str | None) -> None:
+    """Refuse an actor that is not ``agent:NAME`` or ``service:NAME`` before anything runs: the one
+    acting for a subject is a program, never a person or a group."""
+    problem = None if actor is None else actor_problem(actor)
+    if problem:
+        raise InvalidRequestError(problem)
+
+
 def _read_sync_file(path: Path) -> list[dict[str, Any]]:
     """Sync records of a JSONL file; a malformed line stops the sync before anything changes."""
     records = []
@@ -736,6 +836,18 @@ def open(  # noqa: A001 - the public name is fixed by the API
     if policy:
         changes["policy"] = str(policy)
     return Warehouse((settings or Settings.from_env()).with_(**changes))
+
+
+def _by_tenant(keys: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Document ids grouped by tenant."""
+    grouped: dict[str, list[str]] = {}
+    for tenant, doc_id in keys:
+        grouped.setdefault(tenant, []).append(doc_id)
+    return grouped
+
+
+def _written(report: IngestReport) -> dict[str, list[str]]:
+    return _by_tenant(report.written_documents)
 
 
 def _ingested(report: IngestReport) -> dict[str, Any]:

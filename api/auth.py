@@ -6,7 +6,8 @@ Two kinds of credential, both sent as ``Authorization: Bearer <credential>``:
   a JWKS (file or URL), its algorithm fixed by the kind of key (no ``none``, no confusion between
   the two); ``exp``, ``nbf``, ``iss`` and ``aud`` are checked; ``sub`` is the subject and a
   configured claim the tenant; an ``act`` claim (OAuth token exchange) names an agent acting for
-  the subject, which gets the subject's visibility and no more;
+  the subject, which gets the subject's visibility and no more: ``act.sub`` is ``agent:NAME`` or
+  ``service:NAME`` (a bare name is an agent), and a person or group there is refused;
 - an API key (``rwk_...``) for a service account, checked against the hashes in the warehouse.
 """
 
@@ -22,7 +23,7 @@ import jwt
 
 from ..config import AuthSettings
 from ..errors import AuthenticationError
-from ..governance.tags import principal_problem, tenant_problem
+from ..governance.tags import actor_problem, principal_problem, tenant_problem
 from .keys import PREFIX, ApiKeys
 
 if TYPE_CHECKING:
@@ -168,9 +169,13 @@ class Authenticator:
         actor = None
         if "act" in claims:
             act = claims["act"]
-            actor = act.get("sub") if isinstance(act, dict) else None
-            if not isinstance(actor, str) or not actor or not actor.isprintable() or len(actor) > 256:
-                raise AuthenticationError("token act claim must be an object with a printable sub")
+            named = act.get("sub") if isinstance(act, dict) else None
+            if not isinstance(named, str) or not named:
+                raise AuthenticationError("token act claim must be an object with a sub naming the agent")
+            actor = named if ":" in named else f"agent:{named}"  # a bare name is an agent, as a bare sub is a user
+            problem = actor_problem(actor)
+            if problem:
+                raise AuthenticationError(f"token act.sub refused: {problem}")
         return Identity(subject=subject, tenant=tenant, actor=actor)
 
 

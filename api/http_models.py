@@ -213,7 +213,24 @@ class LineageReceiptModel(BaseModel):
     operation: str
     subject: str
     actor: str | None
-    returned: list[str]
+    purpose: str | None
+    allowed: bool
+    outcome: str = Field(description="returned, refused, explained: visible / not visible, derived, ingested, re-tagged or erased")
+    returned: list[str] = Field(description="rows of this lineage the receipt's retrieval returned (only those)")
+    rows: list[str] = Field(description="rows of this lineage the receipt names, whatever came of it")
+
+
+class LineageTombstoneModel(BaseModel):
+    seq: int
+    time: str
+    subject: str
+    actor: str | None
+    reason: str
+    item: str
+    erased: dict[str, list[str]]
+    table_version: int
+    versions_purged: dict[str, int]
+    versions_left: dict[str, int]
 
 
 class LineageDerivedModel(BaseModel):
@@ -233,6 +250,7 @@ class LineageModel(BaseModel):
     chunks: list[str]
     derived: list[LineageDerivedModel]
     receipts: list[LineageReceiptModel]
+    tombstones: list[LineageTombstoneModel]
 
 
 class ReceiptModel(BaseModel):

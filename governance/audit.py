@@ -517,6 +517,7 @@ class AuditLog:
         *,
         chunk_id: str | None = None,
         doc_id: str | None = None,
+        any_chunk_ids: Iterable[str] | None = None,
         subject: str | None = None,
         label: str | None = None,
         tenant: str | None = None,
@@ -528,9 +529,15 @@ class AuditLog:
         """Receipts matching every given filter, newest (highest seq) first.
 
         ``since`` is inclusive and ``until`` exclusive; both need a timezone. ``limit`` keeps the
-        newest that many. Every value reaches SQL as a quoted literal.
+        newest that many. ``any_chunk_ids`` matches receipts naming any of those rows (none: no
+        receipt). Every value reaches SQL as a quoted literal.
         """
         clauses: list[str] = []
+        if any_chunk_ids is not None:
+            wanted = sorted({c for c in any_chunk_ids if "\x00" not in c})
+            if not wanted:
+                return []
+            clauses.append(f"array_has_any(chunk_ids, {sql_list(wanted)})")
         try:
             for column, value in (("chunk_ids", chunk_id), ("doc_ids", doc_id), ("labels", label)):
                 if value is not None:

@@ -51,7 +51,10 @@ def _printable_problem(value: object, what: str) -> str | None:
         return f"{what} is empty"
     if len(value) > MAX_NAME_LENGTH:
         return f"{what} {value[:40]!r}... is longer than {MAX_NAME_LENGTH} characters"
-    for char in value:
+    # printable ASCII holds none of the characters looked for below (in ASCII those are the
+    # controls, which are not printable): most names, checked without a loop in Python
+    plain = value.isascii() and value.isprintable()
+    for char in "" if plain else value:
         if not char.isprintable() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):
             return f"{what} {value!r} holds the non-printable character {char!r}"
     if value != value.strip():
@@ -70,6 +73,23 @@ def principal_problem(value: object) -> str | None:
     kind, sep, name = value.partition(":")
     if not sep or kind not in _PRINCIPAL_KINDS or not name:
         return f"principal {value!r} is not of the form user:NAME, group:NAME, service:NAME or {EVERYONE}"
+    return None
+
+
+ACTOR_KINDS = ("agent", "service")
+
+
+def actor_problem(value: object) -> str | None:
+    """Why ``value`` is not an actor (``agent:NAME`` or ``service:NAME``), or None. An actor is the
+    program acting for a subject: never a person or a group, so a receipt cannot read "carol acting
+    for dave"."""
+    problem = _printable_problem(value, "actor")
+    if problem:
+        return problem
+    assert isinstance(value, str)
+    kind, sep, name = value.partition(":")
+    if not sep or kind not in ACTOR_KINDS or not name:
+        return f"actor {value!r} is not of the form agent:NAME or service:NAME (an actor is never a user or a group)"
     return None
 
 

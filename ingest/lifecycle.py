@@ -56,13 +56,45 @@ class SyncReport:
 
 @dataclass(frozen=True, kw_only=True)
 class ForgetReport:
-    """What ``forget`` erased, and how many old table versions the purge removed."""
+    """What ``forget`` erased (ids only, never content), and the purge's proof that it is gone.
 
-    doc_id: str
+    ``item_id`` is the document or derived row asked for; ``erased_chunks`` the document's
+    chunks (none for a derived row); ``erased_derived`` every derived row that went with it
+    (the row itself first, for a derived row). ``table_version`` is the commit that removed them;
+    ``versions_purged`` how many old versions of each table the purge dropped, and
+    ``versions_left`` how many remain (one each: no earlier version holds the erased rows).
+    """
+
+    item_id: str
+    tenant: str
     reason: str
-    chunks: int
-    derived: int
+    erased_chunks: tuple[str, ...]
+    erased_derived: tuple[str, ...]
+    table_version: int
     versions_purged: Mapping[str, int]
+    versions_left: Mapping[str, int]
+
+    @property
+    def doc_id(self) -> str:
+        return self.item_id
+
+    @property
+    def chunks(self) -> int:
+        return len(self.erased_chunks)
+
+    @property
+    def derived(self) -> int:
+        return len(self.erased_derived)
+
+    def tombstone(self) -> dict[str, Any]:
+        """What the audit log keeps of the erasure: ids, counts and the purge's proof, no content."""
+        return {
+            "item": self.item_id,
+            "erased": {"chunks": list(self.erased_chunks), "derived": list(self.erased_derived)},
+            "table_version": self.table_version,
+            "versions_purged": dict(self.versions_purged),
+            "versions_left": dict(self.versions_left),
+        }
 
 
 def derived_id(kind: str, parents: Sequence[str], text: str) -> str:
@@ -177,20 +209,47 @@ class Lifecycle:
     def forget(self, doc_id: str, *, tenant: str, reason: str) -> ForgetReport:
         """Erase a source of ``tenant`` and everything derived from it, then purge old versions
         and index files."""
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidRequestError("a reason is required to forget a document (it goes into the audit receipt)")
         if not self.store.chunk_ids_of(doc_id, tenant) and not self.store.source_states([(tenant, doc_id)]):
             raise NotFoundError(f"document {doc_id!r} not found")
 
-        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[int, int]]:
+        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[list[str], list[str]]]:
             chunk_ids = snapshot.chunk_ids_of_documents([(tenant, doc_id)])
-            derived = snapshot.derived_from(chunk_ids)
-            return ChunkWrite(delete=[*chunk_ids, *derived]), (len(chunk_ids), len(derived))
+            derived = sorted(snapshot.derived_from(chunk_ids))
+            return ChunkWrite(delete=[*chunk_ids, *derived]), (chunk_ids, derived)
 
         (chunks, derived), version = self.store.write_chunks(plan, what="erasing a document")
         self.store.forget_source((tenant, doc_id), chunks_version=version)
+        return self._purged(doc_id, tenant, reason, chunks, derived, version)
+
+    def forget_row(self, chunk_id: str, *, tenant: str, reason: str) -> ForgetReport:
+        """Erase a derived row of ``tenant`` (a summary, note or agent memory) by its own id, and
+        every row derived from it, then purge as ``forget`` does. A source chunk is not a row to
+        forget alone: its document is."""
+
+        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, list[str]]:
+            row = snapshot.rows([chunk_id], ["chunk_id", "tenant", "kind"]).get(chunk_id)
+            if row is None or row["tenant"] != tenant or row["kind"] == "chunk":
+                raise NotFoundError(f"no document or derived row {chunk_id!r}")
+            doomed = [chunk_id, *sorted(snapshot.derived_from([chunk_id]))]
+            return ChunkWrite(delete=doomed), doomed
+
+        derived, version = self.store.write_chunks(plan, what="erasing a derived row")
+        return self._purged(chunk_id, tenant, reason, [], derived, version)
+
+    def _purged(
+        self, item_id: str, tenant: str, reason: str, chunks: Sequence[str], derived: Sequence[str], version: int
+    ) -> ForgetReport:
         purged = self.store.purge_history()
-        return ForgetReport(doc_id=doc_id, reason=reason, chunks=chunks, derived=derived, versions_purged=purged)
+        return ForgetReport(
+            item_id=item_id,
+            tenant=tenant,
+            reason=reason,
+            erased_chunks=tuple(chunks),
+            erased_derived=tuple(derived),
+            table_version=version,
+            versions_purged=purged,
+            versions_left=self.store.versions_left(),
+        )
 
 
 def _sync_change(record: Mapping[str, Any], origin: str) -> tuple[str, GovernanceTags]:

@@ -238,18 +238,21 @@ async function lineagePage(view, params) {
   const lineage = await api(`lineage/${encodeURIComponent(params.get("id"))}`);
   view.append(
     el("p", { id: "lineage-summary" }, lineage.source ? `Source ${lineage.source.doc_id} (version ${lineage.source.version.slice(0, 12)}) · ` : "",
-      `${lineage.chunks.length} chunks · ${lineage.derived.length} derived rows · ${lineage.receipts.length} receipts returned them`),
-    lineageGraph(lineage));
+      `${lineage.chunks.length} chunks · ${lineage.derived.length} derived rows · ${lineage.receipts.length} receipts`),
+    lineageGraph(lineage),
+    ...lineage.tombstones.map((t) => el("p", { class: "tombstone" },
+      `Erased ${localInput(t.time).replace("T", " ")} by ${t.subject}${t.actor ? ` (agent ${t.actor})` : ""}: ${t.reason} · `,
+      `${t.erased.chunks.length} chunks, ${t.erased.derived.length} derived rows · ${Object.values(t.versions_left).join("/")} version(s) left after the purge`)));
 }
 
-// Four columns, left to right: source -> chunks -> derived rows -> receipts that returned any of them.
+// Four columns, left to right: source -> chunks -> derived rows -> receipts; an edge where a receipt returned a row.
 function lineageGraph(lineage) {
   const columns = [
     lineage.source ? [{ id: lineage.source.doc_id, kind: "source", text: lineage.source.doc_id, title: `source ${lineage.source.doc_id}` }] : [],
     lineage.chunks.map((id) => ({ id, kind: "chunk", text: id.slice(0, 16), title: `chunk ${id}` })),
     lineage.derived.map((d) => ({ id: d.chunk_id, kind: "derived", text: `${d.kind} ${d.chunk_id.slice(0, 10)}`, title: `${d.kind} ${d.chunk_id}` })),
-    lineage.receipts.map((r) => ({ id: `receipt-${r.seq}`, kind: "receipt", text: `#${r.seq} ${r.operation} · ${r.subject}`,
-      title: `receipt ${r.seq}: ${r.operation} by ${r.subject}${r.actor ? ` for agent ${r.actor}` : ""} at ${r.time}` })),
+    lineage.receipts.map((r) => ({ id: `receipt-${r.seq}`, kind: "receipt", text: `#${r.seq} ${r.outcome} · ${r.subject}`,
+      title: `receipt ${r.seq}: ${r.operation} (${r.outcome}) by ${r.subject}${r.actor ? ` for agent ${r.actor}` : ""} at ${r.time}` })),
   ];
   const width = 230, gap = 60, rowHeight = 44, boxHeight = 30, top = 30;
   const place = new Map();

@@ -26,6 +26,7 @@ from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
 from ragwarden.api.keys import ApiKeys
 from ragwarden.config import AuthSettings
+from ragwarden.errors import InvalidRequestError
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
@@ -280,6 +281,29 @@ def test_a_token_without_the_tenant_claim_is_refused(service, idp):
                                  {"act": "agent:x"}, {"act": {"sub": ""}}, {"act": {"sub": "agent:\n"}}])  # fmt: skip
 def test_a_token_with_a_malformed_identity_claim_is_refused(service, bad):
     refused(whoami(service, jwt.encode(claims(**bad), JWT_SECRET, algorithm="HS256")))
+
+
+@pytest.mark.parametrize("actor", ["user:dave", "group:finance", "robot:x", "agent:"])
+def test_a_token_whose_actor_is_a_person_or_group_is_refused_naming_the_claim(service, actor):
+    response = whoami(service, jwt.encode(claims(act={"sub": actor}), JWT_SECRET, algorithm="HS256"))
+    refused(response, "act.sub")
+
+
+@pytest.mark.parametrize(("named", "actor"), [("agent:notes", "agent:notes"), ("service:indexer", "service:indexer"),
+                                              ("notes", "agent:notes")])  # fmt: skip
+def test_a_tokens_actor_is_an_agent_or_a_service(service, named, actor):
+    response = whoami(service, jwt.encode(claims(act={"sub": named}), JWT_SECRET, algorithm="HS256"))
+    assert response.status_code == 200, response.text
+    assert response.json()["actor"] == actor
+
+
+def test_the_python_api_refuses_a_person_as_actor_before_anything_runs(demo_warehouse):
+    before = demo_warehouse.audit.head()
+    with pytest.raises(InvalidRequestError, match="never a user or a group"):
+        demo_warehouse.search("budget", subject="user:dave", tenant="acme", actor="user:carol")
+    with pytest.raises(InvalidRequestError, match="never a user or a group"):
+        demo_warehouse.explain("x", subject="user:dave", tenant="acme", actor="group:legal")
+    assert demo_warehouse.audit.head() == before  # nothing ran, nothing was recorded
 
 
 @pytest.mark.parametrize(
