@@ -76,7 +76,7 @@ def storage_failure(
     when it is a failure to read or write the warehouse's files (a missing or damaged file, a full
     disk); None for any other exception."""
     text = str(exc)
-    lance = isinstance(exc, (RuntimeError, pa.ArrowException)) and any(mark in text for mark in _LANCE_FAILURES)
+    lance = isinstance(exc, (RuntimeError, OSError, pa.ArrowException)) and any(mark in text for mark in _LANCE_FAILURES)
     if not lance and not (isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS):
         return None
     detail = text.splitlines()[0] if text else type(exc).__name__
