@@ -29,7 +29,7 @@ def main() -> None:
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--manifest", type=click.Path(exists=True, dir_okay=False), help="YAML rules: glob -> tenant, acl, labels, classification.")
-@click.option("--acl-from", type=click.Choice(["posix"]), help="Take each file's ACL from its owner, group and mode.")
+@click.option("--acl-from", type=click.Choice(["posix"]), help="Take each file's ACL from the POSIX permissions and ACLs on the path to it.")
 @click.option("--tenant", help="Tenant for files whose governance names none (with --acl-from posix).")
 @click.option("--skip-invalid", is_flag=True, help="Exit 0 even if some inputs were rejected (they are listed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -144,8 +144,9 @@ def sync(file: str, settings: Settings) -> None:
 @click.option("--tenant", help="The document's tenant; needed when several tenants use the id.")
 @_common_options
 def forget(doc_id: str, reason: str, tenant: str | None, settings: Settings) -> None:
-    """Erase document DOC_ID and every row derived from it, then purge old table versions and
-    index files so its text is in no file under the warehouse."""
+    """Erase document DOC_ID (or a derived row, a summary, note or agent memory, by its own id) and
+    every row derived from it, then purge old table versions and index files so its text is in no
+    file under the warehouse; the audit receipt is its tombstone."""
     report = Warehouse(settings).forget(doc_id, reason=reason, tenant=tenant)
     click.echo(
         f"forgot {report.doc_id}: {report.chunks} chunks, {report.derived} derived rows; "
@@ -325,11 +326,38 @@ def policy() -> None:
 
 @policy.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the result and the clearances as JSON.")
 @_common_options
-def policy_check(file: str, settings: Settings) -> None:
-    """Validate a policy file; a bad line is named with its number and the reason."""
+def policy_check(file: str, as_json: bool, settings: Settings) -> None:
+    """Validate a policy file; a bad line is named with its number and the reason. A valid one is
+    summed up with the clearance it gives each subject it names, in each tenant, and the lines
+    that set it (a deny on a level caps the clearance below that level)."""
     loaded = Policy.from_file(file)
+    clearances = [(tenant, subject, loaded.clearance_of(subject, tenant)) for tenant, subject in loaded.named()]
+    if as_json:
+        summary = {
+            "file": file,
+            "rules": len(loaded.rules),
+            "version": loaded.version,
+            "clearances": [
+                {
+                    "tenant": tenant,
+                    "subject": subject,
+                    "clearance": None if clearance.level is None else clearance.level.label,
+                    "granted": clearance.granted.label,
+                    "granted_by": clearance.grant.line if clearance.grant else None,
+                    "capped_by": clearance.cap.line if clearance.cap else None,
+                }
+                for tenant, subject, clearance in clearances
+            ],
+        }
+        click.echo(json.dumps(summary, indent=2, ensure_ascii=False))
+        return
     click.echo(f"{file}: {len(loaded.rules)} rules, valid (version {loaded.version})")
+    if clearances:
+        click.echo("clearance of each subject named, by tenant (and the lines that set it):")
+    for tenant, subject, clearance in clearances:
+        click.echo(f"  {tenant}  {subject}: {clearance.describe(lambda rule: f'line {rule.line}')}")
 
 
 @policy.command("install")

@@ -42,7 +42,7 @@ def run_demo(settings: Settings, *, as_json: bool = False) -> dict[str, Any]:
                 **person,
                 "groups": sorted(p for p in view.principals if p.startswith("group:")),
                 "cleared_labels": sorted(view.cleared_labels),
-                "clearance": view.clearance.label,
+                "clearance": policy.clearance_of(person["subject"], person["tenant"]).label,
             }
         )
     answers = []

@@ -200,7 +200,8 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
 
     @app.post("/v1/forget", response_model=ForgetResponse, tags=["lifecycle"])
     def forget(body: ForgetRequest, identity: Caller) -> ForgetResponse:
-        """Erase a document and everything derived from it, old versions included (needs ``forget``)."""
+        """Erase a document, or a derived row by its own id, and everything derived from it, old
+        versions included (needs ``forget``)."""
         return ForgetResponse.of(
             warehouse.forget(
                 body.doc_id, reason=body.reason, subject=identity.subject, tenant=identity.tenant, actor=identity.actor

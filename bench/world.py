@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ragwarden.governance.policy import Policy
-from ragwarden.governance.tags import clause_token
+from ragwarden.governance.tags import Classification, clause_token
 from ragwarden.schema import chunks_schema
 from ragwarden.store import Store
 
@@ -168,6 +168,11 @@ def _subjects(
     return subjects, lines
 
 
+def _level(clearance: Classification | None) -> int:
+    """A clearance as the peers compare it: -1 when a deny on public leaves nothing readable."""
+    return -1 if clearance is None else int(clearance)
+
+
 def caller_of(world: World, subject: str, policy: Policy) -> Caller:
     """The subject as the peers see it: its principals, cleared labels and clearance, from the policy."""
     return Caller(
@@ -176,7 +181,7 @@ def caller_of(world: World, subject: str, policy: Policy) -> Caller:
         cleared_labels=frozenset(
             f"l{label}" for label in range(LABELS) if policy.label_allowed(subject, TENANT, f"l{label}")
         ),
-        clearance=int(policy.clearance(subject, TENANT)),
+        clearance=_level(policy.clearance(subject, TENANT)),
     )
 
 

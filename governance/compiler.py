@@ -23,7 +23,7 @@ class SubjectView:
     policy_version: str
     principals: frozenset[str]
     cleared_labels: frozenset[str]
-    clearance: Classification
+    clearance: Classification | None  # None: nothing is readable, not even public rows
 
     @classmethod
     def of(cls, policy: Policy, subject: str, tenant: str) -> SubjectView:
@@ -59,9 +59,17 @@ def compile_filter(view: SubjectView, satisfied_clauses: frozenset[str]) -> str:
             if view.cleared_labels
             else "cardinality(labels) = 0"
         ),
-        f"classification BETWEEN {int(Classification.PUBLIC)} AND {int(view.clearance)}",
+        _classification_term(view),
     ]
     return " AND ".join(f"({term})" for term in terms)
+
+
+def _classification_term(view: SubjectView) -> str:
+    """Rows within the view's clearance; none at all when a deny on public left it nothing. A NULL
+    or out-of-range classification fails the range, so such a row is never returned."""
+    if view.clearance is None:
+        return "FALSE"
+    return f"classification BETWEEN {int(Classification.PUBLIC)} AND {int(view.clearance)}"
 
 
 def compile_prefilter(view: SubjectView, clauses: Mapping[str, Iterable[str]], labels: Iterable[str]) -> str:
@@ -88,5 +96,5 @@ def compile_prefilter(view: SubjectView, clauses: Mapping[str, Iterable[str]], l
         terms.append(f"NOT array_has_any(acl_clauses, {sql_list(unsatisfied)})")
     if uncleared:
         terms.append(f"NOT array_has_any(labels, {sql_list(uncleared)})")
-    terms.append(f"classification BETWEEN {int(Classification.PUBLIC)} AND {int(view.clearance)}")
+    terms.append(_classification_term(view))
     return " AND ".join(f"({term})" for term in terms)

@@ -97,14 +97,12 @@ def explain_row(
             detail = "no rule clears this label"
         steps.append(Step(check=f"label {label}", passed=policy.label_allowed(subject, tenant, label), detail=detail))
     level = Classification(int(row["classification"]))
-    clearance = policy.clearance(subject, tenant)
-    grant = policy.rules_for(subject, tenant, f"classification:{clearance.label}")
-    source = f" ({_rule_text(grant[0])})" if grant else " (the default)"
+    clearance = policy.clearance_of(subject, tenant)
     steps.append(
         Step(
             check="classification",
-            passed=clearance >= level,
-            detail=f"row is {level.label}; clearance is {clearance.label}{source}",
+            passed=clearance.reaches(level),
+            detail=f"row is {level.label}; clearance is {clearance.describe(_rule_text)}",
         )
     )
     return Explanation(

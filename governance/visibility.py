@@ -54,11 +54,29 @@ def check_row(
     for label in labels:
         if not isinstance(label, str) or not policy.label_allowed(subject, tenant, label):
             return Decision(allowed=False, reason=f"label {label!r} not granted")
-    if level > Classification.PUBLIC:
-        granted = [c for c in Classification if c >= level and policy.enforce(subject, tenant, f"classification:{c.label}", "read")]
-        if not granted:
-            return Decision(allowed=False, reason=f"clearance below {level.label}")
+    problem = _clearance_problem(policy, subject, tenant, level)
+    if problem:
+        return Decision(allowed=False, reason=problem)
     return Decision(allowed=True, reason=_allowed_reason(holding, labels, level))
+
+
+def _clearance_problem(policy: Policy, subject: str, tenant: str, level: Classification) -> str | None:
+    """Why the subject's clearance does not reach ``level``, asked of Casbin level by level, or None.
+
+    The clearance (DESIGN §4, point 5) reaches ``level`` when no level at or below it is denied to
+    the subject (a deny on a level caps the clearance strictly below it) and, above public, some
+    level at or above it is granted (an allow and no deny on it). This is the compiler's
+    ``Policy.clearance`` decided another way: from Casbin's verdicts, not from the rule index.
+    """
+    for lower in (one for one in Classification if one <= level):
+        if policy.denies(subject, tenant, f"classification:{lower.label}", "read"):
+            return f"clearance capped below {lower.label} by a deny"
+    higher = [one for one in Classification if one >= level]
+    if level > Classification.PUBLIC and not any(
+        policy.enforce(subject, tenant, f"classification:{one.label}", "read") for one in higher
+    ):
+        return f"clearance below {level.label}"
+    return None
 
 
 def _allowed_reason(holding: list[str], labels: list[str], level: Classification) -> str:

@@ -101,6 +101,31 @@ def test_policy_check_names_the_bad_line(runner, tmp_path):
     assert f"{bad}:3: effect 'maybe' is neither allow nor deny" in result.stderr
 
 
+CAPPED_POLICY = """\
+g, user:bob, group:finance, acme
+p, group:finance, acme, classification:confidential, read, allow
+p, user:bob, acme, classification:internal, read, deny
+p, everyone, globex, classification:public, read, deny
+"""
+
+
+def test_policy_check_prints_each_subjects_clearance_and_the_lines_that_set_it(runner, tmp_path):
+    policy = tmp_path / "capped.csv"
+    policy.write_text(CAPPED_POLICY)
+    result = runner.invoke(main, ["policy", "check", str(policy)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[2:] == [
+        "  acme  group:finance: confidential (confidential granted by line 2)",
+        "  acme  user:bob: public (confidential granted by line 2; capped below internal by line 3)",
+        "  globex  everyone: none (nothing granted; capped below public by line 4)",
+    ]
+    as_json = runner.invoke(main, ["policy", "check", str(policy), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    bob = {"tenant": "acme", "subject": "user:bob", "clearance": "public", "granted": "confidential", "granted_by": 2, "capped_by": 3}
+    nobody = {"tenant": "globex", "subject": "everyone", "clearance": None, "granted": "public", "granted_by": None, "capped_by": 4}
+    assert json.loads(as_json.stdout)["clearances"][1:] == [bob, nobody]
+
+
 def test_policy_install_makes_searches_use_it(runner, warehouse_args):
     runner.invoke(main, ["ingest", str(DEMO_CORPUS), *warehouse_args])
     installed = runner.invoke(main, ["policy", "install", str(policy_file("demo.csv")), *warehouse_args])

@@ -290,6 +290,19 @@ def test_forget_with_a_reason_the_audit_cannot_record_is_refused_before_anything
     assert small_warehouse.store.chunk_ids_of("acme-memo"), "the document was erased without a receipt"
 
 
+def test_a_policy_put_is_authorized_before_its_role_graph_is_checked(small_warehouse, serve, http, bearer, tmp_path: Path):
+    policy = tmp_path / "acme-admin-olivia.csv"
+    policy.write_text(DEMO_POLICY + "\ng, user:olivia, group:admins, acme\n", encoding="utf-8")
+    installed = small_warehouse.install_policy(policy).version
+    client = http(serve(small_warehouse))
+    cyclic = "g, group:a, group:b, globex\ng, group:b, group:a, globex\n"
+    message = error_of(client.put("/v1/policy", json={"text": cyclic}, headers=bearer("olivia")), 403, "forbidden")
+    assert "globex" in message and "cycle" not in message  # refused for the right, before the graph is walked
+    assert small_warehouse.policy.version == installed
+    message = error_of(client.put("/v1/policy", json={"text": cyclic}, headers=bearer("admin")), 422, "invalid_request")
+    assert "policy line 2" in message and "cycle" in message
+
+
 def test_a_policy_put_by_an_admin_of_every_tenant_installs_it(small_service, bearer, small_warehouse):
     before = small_warehouse.policy.version
     text = DEMO_POLICY + "\ng, user:dave, group:finance, acme\n"

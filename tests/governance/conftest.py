@@ -142,6 +142,14 @@ def quoted_values_policy() -> Policy:
 
 
 @pytest.fixture
+def classification_denies_policy() -> Policy:
+    """acme: bob holds confidential through group:finance but is denied internal (line 9), so he
+    is cleared for public only; carol's group is denied public (line 10): nothing; erin holds
+    confidential; everyone is denied restricted (line 12), which overrides frank's grant of it."""
+    return Policy.from_file(POLICIES / "classification_denies.csv")
+
+
+@pytest.fixture
 def nine_deep_chain_policy() -> Policy:
     """user:deep reaches group:level10 through 10 nested memberships; level10 reads label deep."""
     return Policy.from_file(POLICIES / "chain_9.csv")

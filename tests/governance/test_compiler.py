@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ragwarden.governance.compiler import SubjectView, compile_filter
+from ragwarden.governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.tags import EVERYONE, Classification, GovernanceTags, clause_token
 from ragwarden.governance.visibility import check_row
@@ -218,15 +218,21 @@ def test_derived_row_needs_every_parent_clause(
         assert _check_ids(nested_groups_policy, subject, "acme", table, registry) == ids
 
 
+@pytest.fixture
+def one_row_per_level(
+    make_chunks_table: Callable[..., Any], make_row: Callable[..., dict[str, Any]]
+) -> tuple[Any, dict[str, list[str]]]:
+    """A table of four rows everyone is allowed, one per classification (each named by its
+    level), and their clause registry."""
+    tags = [_tags("acme", [EVERYONE], classification=level) for level in Classification]
+    table = make_chunks_table([make_row(one.classification.label, one) for one in tags])
+    return table, {t: p for one in tags for t, p in one.clauses_by_token.items()}
+
+
 def test_classification_above_clearance_is_filtered(
-    make_chunks_table: Callable[..., Any],
-    make_row: Callable[..., dict[str, Any]],
-    filtered_ids: Any,
-    nested_groups_policy: Policy,
+    one_row_per_level: tuple[Any, dict[str, list[str]]], filtered_ids: Any, nested_groups_policy: Policy
 ) -> None:
-    tags = {level.label: _tags("acme", [EVERYONE], classification=level) for level in Classification}
-    table = make_chunks_table([make_row(name, one) for name, one in tags.items()])
-    registry = {t: p for one in tags.values() for t, p in one.clauses_by_token.items()}
+    table, registry = one_row_per_level
     assert filtered_ids(table, nested_groups_policy, "user:nobody", "acme", registry) == {"public"}
     assert filtered_ids(table, nested_groups_policy, "user:bob", "acme", registry) == {"public", "internal"}
     assert filtered_ids(table, nested_groups_policy, "user:alice", "acme", registry) == {
@@ -234,6 +240,37 @@ def test_classification_above_clearance_is_filtered(
         "internal",
         "confidential",
     }
+
+
+def test_a_classification_deny_caps_what_the_filters_and_the_check_return(
+    one_row_per_level: tuple[Any, dict[str, list[str]]], filtered_ids: Any, classification_denies_policy: Policy
+) -> None:
+    table, registry = one_row_per_level
+    expected = {
+        "user:bob": {"public"},  # confidential granted through a group, internal denied to him
+        "user:carol": set(),  # public denied to her group: not even public rows
+        "user:erin": {"public", "internal", "confidential"},
+        "user:frank": {"public"},  # restricted allowed to him, denied to everyone
+    }
+    for subject, ids in expected.items():
+        view = SubjectView.of(classification_denies_policy, subject, "acme")
+        prefilter = compile_prefilter(view, registry, [])
+        found = table.search().where(prefilter, prefilter=True).select(["chunk_id"]).limit(None).to_arrow()
+        assert set(found["chunk_id"].to_pylist()) == ids, subject
+        assert filtered_ids(table, classification_denies_policy, subject, "acme", registry) == ids, subject
+        assert _check_ids(classification_denies_policy, subject, "acme", table, registry) == ids, subject
+    internal = next(row for row in table.to_arrow().to_pylist() if row["chunk_id"] == "internal")
+    refused = check_row(classification_denies_policy, "user:bob", "acme", internal, registry)
+    assert refused.reason == "clearance capped below internal by a deny"
+
+
+def test_a_subject_cleared_for_nothing_compiles_to_a_filter_that_passes_nothing(
+    classification_denies_policy: Policy,
+) -> None:
+    view = SubjectView.of(classification_denies_policy, "user:carol", "acme")
+    assert view.clearance is None
+    assert "(FALSE)" in compile_filter(view, frozenset({"c-any"}))
+    assert "(FALSE)" in compile_prefilter(view, {"c-any": ["user:carol"]}, [])
 
 
 # -- rows that cannot be evaluated fail closed --------------------------------------------

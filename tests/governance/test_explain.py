@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ragwarden.errors import PermissionDeniedError
+from ragwarden.governance.explain import explain_row
+from ragwarden.governance.tags import GovernanceTags
 
 
 def chunk(warehouse, doc_id: str) -> str:
@@ -51,3 +53,34 @@ def test_explain_agrees_with_search(demo_warehouse, demo_rows_by_person):
     for subject, visible in demo_rows_by_person.items():
         for row_id, can_read in visible.items():
             assert demo_warehouse.explain(row_id, subject=subject, tenant="acme", caller="user:carol").allowed is can_read
+
+
+@pytest.mark.parametrize(
+    ("subject", "level", "clearance"),
+    [
+        (
+            "user:bob",
+            "internal",
+            (
+                "public (confidential granted by line 8: p, group:finance, acme, classification:confidential, read, "
+                "allow; capped below internal by line 9: p, user:bob, acme, classification:internal, read, deny)"
+            ),
+        ),
+        (
+            "user:carol",
+            "public",
+            (
+                "none (internal granted by line 11: p, group:staff, acme, classification:internal, read, allow; "
+                "capped below public by line 10: p, group:contractors, acme, classification:public, read, deny)"
+            ),
+        ),
+    ],
+)
+def test_the_classification_step_names_the_deny_line_that_capped_the_clearance(
+    classification_denies_policy, make_row, make_registry, subject, level, clearance
+):
+    tags = GovernanceTags.for_source(tenant="acme", allow=["group:staff"], classification=level)
+    result = explain_row(classification_denies_policy, subject, "acme", make_row("row", tags), make_registry([tags]))
+    steps = {step.check: step for step in result.steps}
+    assert not result.allowed and [name for name, step in steps.items() if not step.passed] == ["classification"]
+    assert steps["classification"].detail == f"row is {level}; clearance is {clearance}"

@@ -1,7 +1,8 @@
 """The compiled prefilter, the enforcer's per-row check and the rule of DESIGN §4 agree, always.
 
-For random policies (nested groups per tenant, allow and deny label rules, classification grants,
-rules for ``everyone``, several tenants; names full of quotes, backslashes, SQL comment and LIKE
+For random policies (nested groups per tenant, allow and deny label rules, classification grants
+and denies (a deny capping the clearance below its level, down to nothing at all), rules for
+``everyone``, several tenants; names full of quotes, backslashes, SQL comment and LIKE
 characters and look-alike unicode) and random rows written to a real LanceDB ``chunks`` table,
 the rows the compiled filter returns to a subject are exactly the rows ``check_row`` allows, and
 exactly the rows an independent oracle (DESIGN §4 in plain Python, reading the generated rules,
@@ -18,7 +19,7 @@ import lancedb
 import pyarrow as pa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from support.oracle import oracle_principals, oracle_visible
+from support.oracle import oracle_clearance, oracle_principals, oracle_visible
 from support.policy_worlds import World, hostile_worlds
 
 from ragwarden.governance.compiler import SubjectView, compile_filter
@@ -126,6 +127,9 @@ def test_compiled_filter_returns_exactly_the_rows_the_enforcer_and_the_rule_allo
         for subject, tenant in subjects:
             view = SubjectView.of(policy, subject, tenant)
             assert view.principals == oracle_principals(world, subject, tenant)
+            assert view.clearance == oracle_clearance(world, set(view.principals), tenant)
+            capped = policy.clearance_of(subject, tenant).cap
+            event("clearance: " + ("as granted" if capped is None else "none" if view.clearance is None else "capped"))
 
             where = compile_filter(view, view.satisfied_clauses(registry))
             found = table.search().where(where, prefilter=True).limit(None).select(["chunk_id"]).to_arrow()

@@ -214,13 +214,60 @@ def test_clearance_is_the_highest_level_granted(nested_groups_policy: Policy) ->
     assert nested_groups_policy.clearance("user:carol", "acme") is Classification.INTERNAL
 
 
-def test_clearance_takes_the_highest_grant_even_when_a_lower_level_is_denied() -> None:
+def test_a_deny_on_a_lower_level_caps_the_clearance_below_it_whatever_is_granted() -> None:
     policy = Policy.from_text(
         "g, user:a, group:board, acme\n"
         "p, group:board, acme, classification:restricted, read, allow\n"
         "p, user:a, acme, classification:internal, read, deny\n"
     )
-    assert policy.clearance("user:a", "acme") is Classification.RESTRICTED
+    assert policy.clearance("user:a", "acme") is Classification.PUBLIC
+
+
+@pytest.mark.parametrize(
+    ("subject", "level"),
+    [
+        ("user:bob", Classification.PUBLIC),  # confidential through finance; internal denied to him
+        ("user:carol", None),  # internal through staff; public denied to her group: nothing at all
+        ("user:erin", Classification.CONFIDENTIAL),  # the deny on restricted is above her grant
+        ("user:frank", Classification.PUBLIC),  # restricted allowed to him and denied to everyone
+        ("user:zed", Classification.PUBLIC),  # nothing granted: public by default
+    ],
+)
+def test_a_classification_deny_caps_the_clearance_strictly_below_its_level(
+    classification_denies_policy: Policy, subject: str, level: Classification | None
+) -> None:
+    assert classification_denies_policy.clearance(subject, "acme") == level
+
+
+@pytest.mark.parametrize(
+    ("subject", "grant", "cap", "described"),
+    [
+        ("user:bob", 8, 9, "public (confidential granted by line 8; capped below internal by line 9)"),
+        ("user:carol", 11, 10, "none (internal granted by line 11; capped below public by line 10)"),
+        ("user:erin", 8, None, "confidential (confidential granted by line 8)"),
+        ("user:frank", None, None, "public (nothing granted)"),
+    ],
+)
+def test_a_clearance_names_the_lines_that_set_it(
+    classification_denies_policy: Policy, subject: str, grant: int | None, cap: int | None, described: str
+) -> None:
+    clearance = classification_denies_policy.clearance_of(subject, "acme")
+    assert (clearance.grant and clearance.grant.line, clearance.cap and clearance.cap.line) == (grant, cap)
+    assert clearance.describe(lambda rule: f"line {rule.line}") == described
+
+
+def test_a_classification_deny_reaches_through_nested_groups_and_everyone() -> None:
+    policy = Policy.from_text(
+        "g, user:a, group:inner, acme\n"
+        "g, group:inner, group:outer, acme\n"
+        "p, group:outer, acme, classification:restricted, read, allow\n"
+        "p, group:outer, acme, classification:confidential, read, deny\n"
+        "p, everyone, globex, classification:internal, read, deny\n"
+        "p, everyone, globex, classification:confidential, read, allow\n"
+    )
+    assert policy.clearance("user:a", "acme") is Classification.INTERNAL
+    assert policy.clearance("user:a", "globex") is Classification.PUBLIC
+    assert policy.clearance("user:stranger", "acme") is Classification.PUBLIC
 
 
 def test_clearance_denied_at_the_top_falls_back_to_the_next_grant() -> None:

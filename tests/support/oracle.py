@@ -40,20 +40,32 @@ def oracle_principals(world: World, subject: str, tenant: str) -> set[str]:
     return held
 
 
+def oracle_effects(world: World, held: set[str], tenant: str, obj: str) -> set[str]:
+    """The effects of the read rules on ``obj`` in ``tenant`` for a held principal (everyone included)."""
+    return {effect for who, where, what, effect in world.permissions if where == tenant and what == obj and who in held}
+
+
 def oracle_grants(world: World, held: set[str], tenant: str, obj: str) -> bool:
-    """Some allow rule for a held principal (everyone included), and no deny rule for one."""
-    effects = {
-        effect for who, where, what, effect in world.permissions if where == tenant and what == obj and who in held
-    }
-    return "allow" in effects and "deny" not in effects
+    """Some allow rule for a held principal, and no deny rule for one."""
+    return oracle_effects(world, held, tenant, obj) == {"allow"}
+
+
+def oracle_clearance(world: World, held: set[str], tenant: str) -> Classification | None:
+    """The highest level granted (public by default), capped strictly below the lowest level
+    denied to a held principal; None (nothing readable) when public is denied."""
+    levels = {level: oracle_effects(world, held, tenant, f"classification:{level.label}") for level in Classification}
+    clearance = max((level for level, effects in levels.items() if effects == {"allow"}), default=Classification.PUBLIC)
+    for level, effects in sorted(levels.items()):
+        if "deny" in effects and level <= clearance:
+            return Classification(level - 1) if level > Classification.PUBLIC else None
+    return clearance
 
 
 def oracle_visible(
     world: World, subject: str, tenant: str, rows: Iterable[Mapping[str, Any]], registry: Mapping[str, Sequence[str]]
 ) -> set[str]:
     held = oracle_principals(world, subject, tenant)
-    levels = [level for level in Classification if oracle_grants(world, held, tenant, f"classification:{level.label}")]
-    clearance = max(levels, default=Classification.PUBLIC)
+    clearance = oracle_clearance(world, held, tenant)
     visible = set()
     for row in rows:
         if row["tenant"] != tenant:
@@ -68,7 +80,7 @@ def oracle_visible(
             continue
         if not all(oracle_grants(world, held, tenant, f"label:{label}") for label in row["labels"]):
             continue
-        if row["classification"] > clearance:
+        if clearance is None or row["classification"] > clearance:
             continue
         visible.add(row["chunk_id"])
     return visible

@@ -2,7 +2,8 @@
 
 A world has one to a few tenants, users, groups nested per tenant (only "upwards" in list order,
 so never in a cycle), labels, and read rules: allow and deny rules on labels and on
-classification levels, ``everyone`` named in about half the label rules. Two kinds of names:
+classification levels (a deny on a level caps the clearance below it, so denies on levels come
+one time in three), ``everyone`` named in about half the label rules. Two kinds of names:
 
 - ``hostile_worlds``: names generated from pieces that break naive quoting (SQL quotes and
   comments, LIKE wildcards, a backslash, CSV delimiters and quotes, a comment marker, and unicode
@@ -23,6 +24,9 @@ from hypothesis import strategies as st
 from ragwarden.governance.tags import EVERYONE, Classification, label_problem
 
 EFFECTS = st.sampled_from(["allow", "allow", "allow", "deny"])  # allow three times as often as deny
+# on levels, a deny one time in three: a deny caps the clearance below its level, so it matters
+# only at or below the levels granted, and should meet them often
+LEVEL_EFFECTS = st.sampled_from(["allow", "allow", "deny"])
 
 # Pieces hostile names are built from: SQL quoting and comment characters, LIKE wildcards, a
 # backslash, CSV delimiters and quotes, a comment marker, and unicode that looks like (or folds
@@ -91,6 +95,7 @@ class WorldShape:
     max_memberships: int  # membership edges drawn, before those that would make a cycle are dropped
     max_label_rules: int
     max_level_rules: int
+    max_level_caps: int  # denies drawn at or below a granted level (``caps``), beside the level rules
     everyone_on_levels: bool  # name everyone in about half the classification rules too
     shuffle_rules: bool  # mix label and classification rules in the CSV, not labels first
 
@@ -128,11 +133,10 @@ def worlds(draw: st.DrawFn, shape: WorldShape) -> World:
         everyone_or_any if shape.everyone_on_levels else st.sampled_from(principals),
         st.sampled_from(tenants),
         st.sampled_from(list(Classification)).map(lambda level: "classification:" + level.label),
-        EFFECTS,
+        LEVEL_EFFECTS,
     )
-    permissions = draw(st.lists(label_rules, max_size=shape.max_label_rules)) + draw(
-        st.lists(level_rules, max_size=shape.max_level_rules)
-    )
+    levels = draw(st.lists(level_rules, max_size=shape.max_level_rules))
+    permissions = draw(st.lists(label_rules, max_size=shape.max_label_rules)) + levels + draw(caps(levels, principals, shape))
     if shape.shuffle_rules:
         permissions = draw(st.permutations(permissions))
     return World(
@@ -140,9 +144,27 @@ def worlds(draw: st.DrawFn, shape: WorldShape) -> World:
     )
 
 
+def caps(
+    levels: list[tuple[str, str, str, str]], principals: list[str], shape: WorldShape
+) -> st.SearchStrategy[list[tuple[str, str, str, str]]]:
+    """Denies on a level at or below one that a drawn rule grants, in that rule's tenant, for any
+    principal: the case where a classification deny changes a clearance (bob holds confidential
+    through a group, and internal is denied to him), which rules drawn at random rarely make."""
+    grants = [(tenant, Classification.parse(obj.partition(":")[2])) for _, tenant, obj, effect in levels if effect == "allow"]
+    if not grants:
+        return st.just([])
+    cap = st.tuples(st.sampled_from(grants), st.sampled_from(principals)).flatmap(
+        lambda drawn: st.sampled_from([level for level in Classification if level <= drawn[0][1]]).map(
+            lambda level: (drawn[1], drawn[0][0], "classification:" + level.label, "deny")
+        )
+    )
+    return st.lists(cap, max_size=shape.max_level_caps)
+
+
 def hostile_worlds() -> st.SearchStrategy[World]:
     """One to three tenants, up to four users, five groups and four labels, all with generated
-    hostile names; up to 12 label and 6 classification rules, in any order."""
+    hostile names; up to 12 label and 6 classification rules and 3 denies capping a grant, in any
+    order."""
     return worlds(
         WorldShape(
             tenants=name_lists(hostile_names, min_size=1, max_size=3),
@@ -152,6 +174,7 @@ def hostile_worlds() -> st.SearchStrategy[World]:
             max_memberships=12,
             max_label_rules=12,
             max_level_rules=6,
+            max_level_caps=3,
             everyone_on_levels=False,
             shuffle_rules=True,
         )
@@ -160,7 +183,8 @@ def hostile_worlds() -> st.SearchStrategy[World]:
 
 def look_alike_worlds(*, min_tenants: int = 1) -> st.SearchStrategy[World]:
     """``min_tenants`` to two tenants, up to three users and four groups from the fixed pools, all
-    five fixed labels; up to 8 label and 5 classification rules, everyone in about half of each."""
+    five fixed labels; up to 8 label and 5 classification rules, everyone in about half of each,
+    and 2 denies capping a grant."""
     return worlds(
         WorldShape(
             tenants=name_lists(TENANTS, min_size=min_tenants, max_size=2),
@@ -170,6 +194,7 @@ def look_alike_worlds(*, min_tenants: int = 1) -> st.SearchStrategy[World]:
             max_memberships=10,
             max_label_rules=8,
             max_level_rules=5,
+            max_level_caps=2,
             everyone_on_levels=True,
             shuffle_rules=False,
         )
