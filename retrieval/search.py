@@ -11,10 +11,11 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import numpy as np
-from lancedb.query import MatchQuery
+import pyarrow as pa
 
 from ..config import Settings
 from ..embedder import Embedder
@@ -24,9 +25,11 @@ from ..governance.policy import Decision, Policy
 from ..governance.tags import principal_problem, tenant_problem
 from ..governance.visibility import check_row
 from ..indexing import has_vector_index, vector_index_partitions
+from ..schema import TAG_COLUMNS
 from ..store import Registries, Store
 from .fusion import reciprocal_rank_fusion
 from .hits import Hit
+from .lexical import LexicalRows, query_terms
 from .visible_rows import VisibleRowCache, VisibleRows
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,13 @@ class FilterCache:
         return value
 
 
+def _tags(
+    tenant: Any, acl_allow: Any, acl_deny: Any, acl_clauses: Any, labels: Any, classification: Any
+) -> tuple[Any, ...]:
+    """A row's tags (the ``TAG_COLUMNS``, in that order) as one hashable key; TypeError for a null list."""
+    return (tenant, tuple(acl_allow), tuple(acl_deny), tuple(acl_clauses), tuple(labels), classification)
+
+
 class DecisionMemo:
     """Post-check decisions by (policy version, subject, tenant) and a row's tags: a decision is a
     pure function of those and the clause registry, so rows tagged alike are decided once. A memo
@@ -109,8 +119,7 @@ class DecisionMemo:
 
         def decide(row: Mapping[str, Any]) -> Decision:
             try:
-                tags = (row["tenant"], tuple(row["acl_allow"]), tuple(row["acl_deny"]), tuple(row["acl_clauses"]),
-                        tuple(row["labels"]), row["classification"])  # fmt: skip
+                tags = _tags(*(row[name] for name in TAG_COLUMNS))
                 decision = decided.get(tags)
             except (KeyError, TypeError):
                 return check_row(policy, subject, tenant, row, registry)  # not memoisable: decided (and refused) afresh
@@ -121,6 +130,37 @@ class DecisionMemo:
             return decision
 
         return decide
+
+    def verdicts(
+        self, policy: Policy, subject: str, tenant: str, registry: Mapping[str, Sequence[str]], rows: pa.Table
+    ) -> np.ndarray:
+        """Whether the post-check admits each of ``rows`` (a table holding the tag columns), each
+        distinct tagging decided once. Read column by column rather than as a dict per row: at 53k
+        rows that halves the cost (0.8 s against 1.7 s on 2 cores)."""
+        decide = self.decider(policy, subject, tenant, registry)
+        columns = [rows.column(name).to_pylist() for name in TAG_COLUMNS]
+        decided: dict[tuple[Any, ...], bool] = {}
+        admitted = np.empty(rows.num_rows, dtype=bool)
+        for index, values in enumerate(zip(*columns, strict=True)):
+            try:
+                tags = _tags(*values)
+            except TypeError:  # a null list: decided (and refused) afresh
+                admitted[index] = decide(dict(zip(TAG_COLUMNS, values, strict=True))).allowed
+                continue
+            if tags not in decided:
+                decided[tags] = decide(dict(zip(TAG_COLUMNS, values, strict=True))).allowed
+            admitted[index] = decided[tags]
+        return admitted
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reader:
+    """The caller a search ranks for, as full-text statistics need it: the post-check's verdicts on
+    a table's rows (the rows the statistics count) and a key naming whose verdicts they are (policy
+    version, subject, tenant, registries version), under which a caller's analysed rows are held."""
+
+    key: tuple[str, ...]
+    counts: Callable[[pa.Table], np.ndarray]
 
 
 def validate_request(query: str, subject: str, tenant: str, k: int, mode: str) -> None:
@@ -151,6 +191,12 @@ class Searcher:
     the scan is both faster and exact; without a vector index every search is an exact scan.
     An exact scan reads its rows' vectors once per table version and then scans them in memory
     (``flat_cache_bytes`` bounds what is held; 0 reads them from the table every time).
+
+    Full-text ranking (``fts``, and the text half of ``hybrid``) is BM25 over the caller's visible
+    rows alone (``lexical.LexicalRows``): the rows the filter admits are read and analysed once per
+    caller and table version, under the same budget, and the statistics count those the post-check
+    admits. ``hybrid`` fuses that ranking with an exact vector ranking of the same rows, so both
+    ranks it fuses, like every score either mode returns, depend on the visible rows alone.
     """
 
     def __init__(
@@ -214,12 +260,22 @@ class Searcher:
             return [], 0  # no policy at all: nothing is visible
         registries = self.store.registries()
         where = self.prefilter(policy, subject, tenant, registries)
-        ranked, version = self.rank(query, query_vector, where, k, mode)
+        reader = self.reader(policy, subject, tenant, registries)
+        ranked, version = self.rank(query, query_vector, where, k, mode, reader)
         hits, withheld = self.post_check(ranked, policy, subject, tenant, version, registries.clauses)
         if withheld:  # a row the registries did not know passed the indexed filter: ask again, exactly
-            ranked, version = self.rank(query, query_vector, self.compiled_filter(policy, subject, tenant), k, mode)
+            exact = self.compiled_filter(policy, subject, tenant)
+            ranked, version = self.rank(query, query_vector, exact, k, mode, reader)
             hits, _ = self.post_check(ranked, policy, subject, tenant, version)
         return hits, withheld
+
+    def reader(self, policy: Policy, subject: str, tenant: str, registries: Registries) -> Reader:
+        """The caller as full-text ranking needs it: the post-check's verdicts (memoised per tags)."""
+
+        def counts(rows: pa.Table) -> np.ndarray:
+            return self.decisions.verdicts(policy, subject, tenant, registries.clauses, rows)
+
+        return Reader(key=(policy.version, subject, tenant, registries.version), counts=counts)
 
     def query_vector(self, query: str, vector: Sequence[float] | np.ndarray | None) -> np.ndarray:
         """The given vector, checked, or the query's embedding."""
@@ -247,18 +303,21 @@ class Searcher:
         return Hit.of_row(row, score=1.0, reason=decision.reason, table_version=version, policy_version=policy.version)
 
     def rank(
-        self, query: str, vector: np.ndarray | None, where: str, k: int, mode: str
+        self, query: str, vector: np.ndarray | None, where: str, k: int, mode: str, reader: Reader | None = None
     ) -> tuple[list[tuple[dict[str, Any], float]], int]:
         """Candidates under ``where``, best first, and the table version they were read at (the
-        version read before and after must agree, so hits can name it)."""
+        version read before and after must agree, so hits can name it). ``fts`` and ``hybrid``
+        need the ``reader`` whose visible rows their statistics count."""
+        if mode != "vector" and reader is None:
+            raise ValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
         for _ in range(3):
             version = self.store.chunks.version
             if mode == "vector":
                 ranked = [(row, 1.0 - float(row["_distance"])) for row in self._vector(vector, where, k, version)]
             elif mode == "fts":
-                ranked = [(row, float(row["_score"])) for row in self._fts(query, where, k)]
+                ranked = self._lexical(query, where, k, version, reader)  # type: ignore[arg-type]
             else:
-                ranked = self._hybrid(query, vector, where, k, version)
+                ranked = self._hybrid(query, vector, where, k, version, reader)  # type: ignore[arg-type]
             if self.store.chunks.version == version:
                 break
         return ranked, version
@@ -283,8 +342,12 @@ class Searcher:
                 self._counts.popitem(last=False)
         return self._counts[key]
 
-    def _vector(self, vector: np.ndarray | None, where: str, limit: int, version: int) -> list[dict[str, Any]]:
-        plan = self.plan(where, version)
+    def _vector(
+        self, vector: np.ndarray | None, where: str, limit: int, version: int, *, exact: bool = False
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` nearest rows ``where`` admits, by the planned search (``exact``: always
+        the exact scan, whose ranking depends on the admitted rows alone)."""
+        plan = "flat" if exact else self.plan(where, version)
         if plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension):
             visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
             if visible is not None:
@@ -320,23 +383,41 @@ class Searcher:
         visible = max(1, self._count(where, version))
         return max(INDEX_NPROBES, min(partitions, math.ceil(partitions * PROBED_VISIBLE_ROWS / visible)))
 
-    def _fts(self, query: str, where: str, limit: int) -> list[dict[str, Any]]:
-        if not any(index.index_type == "FTS" for index in self.store.chunks.list_indices()):
-            return []
-        return (
-            self.store.chunks.search(MatchQuery(query, "text"), query_type="fts")
-            .where(where, prefilter=True)
-            .select([*RESULT_COLUMNS, "_score"])
-            .limit(limit)
-            .to_list()
-        )
+    def _lexical(
+        self, query: str, where: str, limit: int, version: int, reader: Reader
+    ) -> list[tuple[dict[str, Any], float]]:
+        """The ``limit`` best rows ``where`` admits that hold a query term, by BM25 over the
+        reader's visible rows (see ``lexical``), best first."""
+        ranked = self._lexical_rows(where, version, reader).top(query_terms(query), limit)
+        if not ranked or "text" in ranked[0][0]:
+            return ranked
+        found = self.store.rows([row["chunk_id"] for row, _ in ranked], columns=RESULT_COLUMNS)
+        return [(found[row["chunk_id"]], score) for row, score in ranked if row["chunk_id"] in found]
+
+    def _lexical_rows(self, where: str, version: int, reader: Reader) -> LexicalRows:
+        """The reader's analysed rows under ``where`` at ``version``, held under (filter, version,
+        reader); when the table has moved on, the latest rows, held nowhere (``rank`` then sees the
+        version change and asks again)."""
+        key = ("lexical", where, version, *reader.key)
+        held = self.visible.get(key, lambda: self._read_lexical(where, reader, version))
+        return held if held is not None else self._read_lexical(where, reader)  # type: ignore[return-value]
+
+    def _read_lexical(self, where: str, reader: Reader, version: int | None = None) -> LexicalRows | None:
+        """The rows ``where`` admits, analysed, the statistics counting those the reader's
+        post-check admits; None if the table is no longer at ``version``. Rows whose columns would
+        not be kept are held by chunk id alone (the winners' columns are then read back by id)."""
+        dataset = self.store.chunks.to_lance()
+        if version is not None and dataset.version != version:
+            return None
+        rows = LexicalRows.from_arrow(dataset.to_table(columns=RESULT_COLUMNS, filter=where), counted=reader.counts)
+        return rows if self.visible.holds(rows.nbytes) else rows.ids_only()
 
     def _hybrid(
-        self, query: str, vector: np.ndarray | None, where: str, k: int, version: int
+        self, query: str, vector: np.ndarray | None, where: str, k: int, version: int, reader: Reader
     ) -> list[tuple[dict[str, Any], float]]:
         depth = max(k, HYBRID_CANDIDATES)
-        vector_rows = self._vector(vector, where, depth, version)
-        text_rows = self._fts(query, where, depth)
+        vector_rows = self._vector(vector, where, depth, version, exact=True)
+        text_rows = [row for row, _ in self._lexical(query, where, depth, version, reader)]
         rows = {row["chunk_id"]: row for row in [*text_rows, *vector_rows]}
         fused = reciprocal_rank_fusion([[r["chunk_id"] for r in vector_rows], [r["chunk_id"] for r in text_rows]])
         return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]

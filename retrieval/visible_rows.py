@@ -6,15 +6,19 @@ reading the ten winners back takes longer than scoring them all. The flat plan k
 scans (result columns and unit vectors) in memory under (filter text, table version). Any commit
 (ingest, a tag update, an erasure) moves the version, so a held set only ever answers for the
 exact state it was read from, and every row it returns is still post-checked by the enforcer.
+
+Equal scores are ordered by chunk id (``best_first`` with ``id_ranks``): which rows a scan
+returns, and in what order, depends on the visible rows alone, never on where they lie in the
+table's files.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +27,39 @@ import pyarrow.compute as pc
 ROW_OVERHEAD_BYTES = 64
 
 
+def id_ranks(chunk_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each row's place in chunk-id order, for ``best_first`` to break ties by id."""
+    order = pc.sort_indices(chunk_ids).to_numpy()
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[order] = np.arange(len(order))
+    return ranks
+
+
+def best_first(
+    scores: np.ndarray, k: int, eligible: np.ndarray | None = None, ties: np.ndarray | None = None
+) -> np.ndarray:
+    """Positions of the ``k`` highest ``scores`` (among the ``eligible`` ones: a boolean mask, None
+    for all), best first, equal scores in order of ``ties`` (None: of position)."""
+    positions = np.arange(len(scores)) if eligible is None else np.flatnonzero(eligible)
+    take = min(k, len(positions))
+    if take < 1:
+        return positions[:0]
+    values = scores[positions]
+    if take < len(positions):  # keep the take best and every score tied with the last of them
+        floor = np.partition(values, len(values) - take)[len(values) - take]
+        kept = values >= floor
+        positions, values = positions[kept], values[kept]
+    order = positions if ties is None else ties[positions]
+    return positions[np.lexsort((order, -values))[:take]]
+
+
 @dataclass(frozen=True, kw_only=True)
 class VisibleRows:
     """The rows one filter admitted at one table version: their columns and unit vectors."""
 
     rows: pa.Table  # the result columns, one row per vector below
     vectors: np.ndarray  # (n, d) float32, rows of norm 1
+    ranks: np.ndarray | None = None  # (n,) each row's place in chunk-id order; None: row order
 
     @classmethod
     def from_arrow(cls, table: pa.Table, dimension: int) -> VisibleRows:
@@ -40,48 +71,64 @@ class VisibleRows:
         usable = np.isfinite(norms) & (norms > 0)
         unit = (vectors[usable] / norms[usable, None]).astype(np.float32, copy=False)
         rows = table.drop_columns(["vector"]).filter(pa.array(usable)).combine_chunks()
-        return cls(rows=rows, vectors=np.ascontiguousarray(unit))
+        return cls(rows=rows, vectors=np.ascontiguousarray(unit), ranks=id_ranks(rows.column("chunk_id")))
 
     @property
     def nbytes(self) -> int:
-        return int(self.vectors.nbytes + self.rows.nbytes + ROW_OVERHEAD_BYTES * self.rows.num_rows)
+        ranks = 0 if self.ranks is None else self.ranks.nbytes
+        return int(self.vectors.nbytes + self.rows.nbytes + ranks + ROW_OVERHEAD_BYTES * self.rows.num_rows)
 
     def top(self, query: np.ndarray, k: int) -> list[tuple[dict[str, Any], float]]:
-        """The ``k`` best rows with their cosine similarity, best first."""
+        """The ``k`` best rows with their cosine similarity, best first (ties: smaller chunk id)."""
         norm = float(np.linalg.norm(query))
         if k < 1 or not len(self.vectors) or not np.isfinite(norm) or norm == 0:
             return []
         scores = self.vectors @ (np.asarray(query, dtype=np.float32) / norm)
-        take = min(k, len(scores))
-        best = np.argpartition(-scores, take - 1)[:take]
-        best = best[np.argsort(-scores[best], kind="stable")]
+        best = best_first(scores, k, ties=self.ranks)
         return list(zip(self.rows.take(pa.array(best)).to_pylist(), scores[best].tolist(), strict=True))
 
 
+class Held(Protocol):
+    """What the cache holds: anything that says how many bytes it occupies."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+HeldT = TypeVar("HeldT", bound=Held)
+
+
 class VisibleRowCache:
-    """``VisibleRows`` by (filter, table version), least recently used evicted past ``max_bytes``.
+    """Sets of visible rows by key, least recently used evicted past ``max_bytes``: a scan's
+    ``VisibleRows`` under (filter, table version), a caller's ``LexicalRows`` under (filter, table
+    version, caller). Both kinds share the one budget, so it bounds what a process holds.
 
     A set larger than a quarter of the budget is not worth evicting the others for: ``fits`` says
-    so before it is read (from the row count), and the caller scans the table instead.
+    so before a scan's rows are read (from the row count), ``holds`` once a set's size is known,
+    and such a set is returned for the search at hand but not kept.
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, int], VisibleRows] = OrderedDict()
+        self._items: OrderedDict[Hashable, Held] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
     def fits(self, rows: int, dimension: int) -> bool:
-        return rows * (4 * dimension + ROW_OVERHEAD_BYTES) <= self.max_bytes // 4
+        return self.holds(rows * (4 * dimension + ROW_OVERHEAD_BYTES))
 
-    def get(self, key: tuple[str, int], load: Callable[[], VisibleRows | None]) -> VisibleRows | None:
+    def holds(self, nbytes: int) -> bool:
+        """Whether a set of ``nbytes`` would be kept."""
+        return nbytes <= self.max_bytes // 4
+
+    def get(self, key: Hashable, load: Callable[[], HeldT | None]) -> HeldT | None:
         """The held set for ``key``, else ``load()``'s (kept unless it is None or too large)."""
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
-                return self._items[key]
+                return cast(HeldT, self._items[key])
         value = load()
-        if value is None or value.nbytes > self.max_bytes // 4:
+        if value is None or not self.holds(value.nbytes):
             return value
         with self._lock:
             if key not in self._items:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from ragwarden.governance.visibility import check_row
 from ragwarden.retrieval.search import DecisionMemo
+from ragwarden.schema import TAG_COLUMNS
 from ragwarden.warehouse import Warehouse
 
 SUBJECTS = ("user:alice", "user:bob", "user:carol", "user:dave", "user:erin")
@@ -29,3 +32,17 @@ def test_a_row_that_cannot_be_evaluated_is_refused_not_memoised(demo_warehouse: 
     memo, policy, registry = DecisionMemo(), demo_warehouse.policy, demo_warehouse.store.clause_registry()
     broken = {**demo_rows[0], "labels": None}
     assert not memo.check(policy, "user:carol", "acme", broken, registry).allowed
+
+
+def test_verdicts_on_a_table_are_the_enforcers_row_by_row_and_a_null_list_is_refused(
+    demo_warehouse: Warehouse, demo_rows: list[dict]
+):
+    memo, policy, registry = DecisionMemo(), demo_warehouse.policy, demo_warehouse.store.clause_registry()
+    rows = [{name: row[name] for name in ("chunk_id", *TAG_COLUMNS)} for row in demo_rows]
+    rows.append({**rows[0], "chunk_id": "broken", "labels": None})  # cannot be evaluated
+    table = pa.Table.from_pylist(rows)
+    for subject in SUBJECTS:
+        for tenant in ("acme", "globex"):
+            expected = [check_row(policy, subject, tenant, row, registry).allowed for row in rows]
+            assert memo.verdicts(policy, subject, tenant, registry, table).tolist() == expected
+            assert expected[-1] is False
