@@ -89,7 +89,7 @@ def _kill_during_ingest(uri: str, corpus: Path, delay: float) -> bool:
 
 @pytest.fixture(scope="module")
 def killed_runs(crash_input: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[str, bool, int]]:
-    """Every seeded run, two at a time: seed -> (its warehouse, whether the kill came mid-ingest,
+    """Every seeded run, three at a time: seed -> (its warehouse, whether the kill came mid-ingest,
     how many documents it held just after the kill)."""
     folder = tmp_path_factory.mktemp("killed")
 
@@ -100,7 +100,7 @@ def killed_runs(crash_input: dict[str, Any], tmp_path_factory: pytest.TempPathFa
         killed = _kill_during_ingest(uri, crash_input["corpus"], delay)
         return uri, killed, len(_state(Warehouse(Settings(warehouse=uri)))["documents"])
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         return dict(zip(range(RUNS), pool.map(run, range(RUNS)), strict=True))
 
 
