@@ -81,13 +81,16 @@ class ChunksSnapshot:
         rows = self._where(f"kind = 'chunk' AND ({sql_documents(wanted)})", ["chunk_id"])
         return sorted(row["chunk_id"] for row in rows)
 
-    def derived_from(self, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Every derived row (whole) that derives, directly or through other derived rows, from
-        ``chunk_ids``; source chunks, which name their document as parent, are never followed."""
+    def derived_from(
+        self, chunk_ids: Iterable[str], columns: Sequence[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Every derived row (whole, unless ``columns``) that derives, directly or through other
+        derived rows, from ``chunk_ids``; source chunks, which name their document as parent, are
+        never followed."""
         found: dict[str, dict[str, Any]] = {}
         frontier = _without_nul(chunk_ids)
         while frontier:
-            rows = self._where(f"kind != 'chunk' AND array_has_any(parents, {sql_list(frontier)})")
+            rows = self._where(f"kind != 'chunk' AND array_has_any(parents, {sql_list(frontier)})", columns)
             frontier = sorted({row["chunk_id"] for row in rows} - found.keys())
             found.update((row["chunk_id"], row) for row in rows)
         return found

@@ -23,7 +23,7 @@ from lancedb.index import FTS
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
 from .errors import WarehouseError
 from .governance.policy import Policy
-from .governance.sql import sql_documents, sql_in_list, sql_list
+from .governance.sql import sql_documents, sql_in_list
 from .governance.tags import GovernanceTags
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
@@ -335,7 +335,7 @@ class Store:
         (see ``snapshot``). Returns the plan's result and the version the commit made."""
 
         def attempt() -> tuple[T, int]:
-            snapshot = ChunksSnapshot(self.chunks.to_lance())
+            snapshot = self.snapshot()
             try:
                 write, result = plan(snapshot)
                 self.register_labels(label for row in write.rows for label in row["labels"] if label)
@@ -387,29 +387,17 @@ class Store:
         return sorted(r["chunk_id"] for r in rows if r["kind"] == "chunk")
 
     def chunk_ids_of_documents(self, keys: Iterable[DocumentKey]) -> list[str]:
-        """The source chunks of the documents ``keys``."""
-        rows = self._documents_rows(self.chunks, keys, ["chunk_id", "kind"])
-        return sorted(r["chunk_id"] for r in rows if r["kind"] == "chunk")
+        """The source chunks of the documents ``keys``, at the latest version."""
+        return self.snapshot().chunk_ids_of_documents(keys)
 
     def derived_from(self, chunk_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Every row derived, directly or through other derived rows, from ``chunk_ids``.
+        """Every row derived, directly or through other derived rows, from ``chunk_ids``, at the
+        latest version (without vectors)."""
+        return self.snapshot().derived_from(chunk_ids, self._columns_but_vector)
 
-        Source chunks name their document as parent, and a document id may read like a chunk id:
-        only derived rows (never a kind ``chunk`` row) are followed."""
-        found: dict[str, dict[str, Any]] = {}
-        frontier = sorted(set(chunk_ids))
-        columns = self._columns_but_vector
-        while frontier:
-            rows = (
-                self.chunks.search()
-                .where(f"kind != 'chunk' AND array_has_any(parents, {sql_list(frontier)})")
-                .select(columns)
-                .limit(None)
-                .to_list()
-            )
-            frontier = sorted({r["chunk_id"] for r in rows} - found.keys())
-            found.update((r["chunk_id"], r) for r in rows)
-        return found
+    def snapshot(self) -> ChunksSnapshot:
+        """The ``chunks`` table pinned at its latest version."""
+        return ChunksSnapshot(self.chunks.to_lance())
 
     def delete(self, chunk_ids: Iterable[str], document: DocumentKey) -> int:
         """Delete rows, then their source record: no row ever outlives the record of where it came

@@ -273,10 +273,12 @@ class Warehouse:
             raise
         described = dict(describe(result))
         by_tenant = {t: ids for t, ids in (touched(result) if touched else {}).items() if ids}
+        if not by_tenant:
+            self._receipt(**who, tenant=ANY_TENANT, allowed=True, **described)
         if len(by_tenant) > 1:  # counts and details span tenants: each tenant's receipt names only its own
             described = {"reason": f"{operation} run by the operator", "details": {}}
-        for where, doc_ids in sorted(by_tenant.items()) or [(ANY_TENANT, ())]:
-            self._receipt(**who, tenant=where, allowed=True, **{**described, **({"doc_ids": tuple(doc_ids)} if doc_ids else {})})
+        for where, doc_ids in sorted(by_tenant.items()):
+            self._receipt(**who, tenant=where, allowed=True, **{**described, "doc_ids": tuple(doc_ids)})
         return result
 
     # -- ingest -------------------------------------------------------------------------------
@@ -593,7 +595,7 @@ class Warehouse:
         document if one of that id is there, else as a derived row; missing reads as not found."""
         holders = self.store.document_tenants(item_id)
         if (tenant is None and holders) or tenant in holders:
-            owner = self._tenant_of_document(item_id, tenant)
+            owner = self._tenant_of_document(item_id, tenant, holders)
             return lambda: self._lifecycle.forget(item_id, tenant=owner, reason=reason)
         row_tenant = self.store.row_tenant(item_id)
         if row_tenant is not None and tenant in (None, row_tenant):
@@ -685,12 +687,13 @@ class Warehouse:
             lambda found: {"reason": f"lineage of {item_id!r}", "doc_ids": _asked(item_id)},
         )
 
-    def _tenant_of_document(self, doc_id: str, tenant: str | None) -> str:
+    def _tenant_of_document(self, doc_id: str, tenant: str | None, holders: list[str] | None = None) -> str:
         """The tenant whose document ``doc_id`` is meant: ``tenant`` if named, else the only one
-        holding such an id (the operator's case). Raises when none does, or several do."""
+        holding such an id (the operator's case; ``holders`` if the caller read them already).
+        Raises when none does, or several do."""
         if tenant is not None:
             return tenant
-        holders = self.store.document_tenants(doc_id)
+        holders = self.store.document_tenants(doc_id) if holders is None else holders
         if not holders:
             raise NotFoundError(f"document {doc_id!r} not found")
         if len(holders) > 1:
