@@ -8,46 +8,65 @@ from __future__ import annotations
 
 from .config import Settings
 from .errors import (
+    AuthenticationError,
     ConfigurationError,
     InvalidPolicyError,
     InvalidRequestError,
     InvalidSourceError,
     NotFoundError,
+    PayloadTooLargeError,
     PermissionDeniedError,
     PolicyError,
     RagwardenError,
     WarehouseError,
 )
+from .governance.audit import ChainReport, Receipt, StoredReceipt
+from .governance.caller import Caller, Identity
 from .governance.explain import Explanation
+from .governance.operations import Operation
 from .governance.policy import Decision, Policy
 from .governance.tags import Classification, GovernanceTags
 from .ingest.lifecycle import DerivedRow, ForgetReport, SyncReport
 from .ingest.pipeline import IngestReport
 from .ingest.records import Rejected, Skipped
 from .retrieval.hits import Hit
+from .retrieval.manifest import ContextManifest
+from .retrieval.review import AccessReview
+from .state import IndexReport
 from .warehouse import Warehouse, open
 
 __all__ = [
+    "AccessReview",
+    "AuthenticationError",
+    "Caller",
+    "ChainReport",
     "Classification",
     "ConfigurationError",
+    "ContextManifest",
     "Decision",
     "DerivedRow",
     "Explanation",
     "ForgetReport",
     "GovernanceTags",
     "Hit",
+    "Identity",
+    "IndexReport",
     "IngestReport",
     "InvalidPolicyError",
     "InvalidRequestError",
     "InvalidSourceError",
     "NotFoundError",
+    "Operation",
+    "PayloadTooLargeError",
     "PermissionDeniedError",
     "Policy",
     "PolicyError",
     "RagwardenError",
+    "Receipt",
     "Rejected",
     "Settings",
     "Skipped",
+    "StoredReceipt",
     "SyncReport",
     "Warehouse",
     "WarehouseError",

@@ -1,22 +1,26 @@
 """The one exception hierarchy of ragwarden.
 
 Every error a caller can meet is a ``RagwardenError``; each message says what was wrong
-with which input and what to do about it. The HTTP layer maps each class to one status.
+with which input and what to do about it. Each class carries the HTTP ``status`` and the stable
+error ``code`` a service answers it with (a subclass inherits both unless it names its own), and
+``error_of`` / ``error_of_status`` turn an answer back into the error a client raises.
 
-    RagwardenError
-    ├── ConfigurationError        a setting is missing or malformed
-    ├── InvalidSourceError        a source record or file was refused at ingest
-    ├── PolicyError               the policy cannot be loaded
-    │   └── InvalidPolicyError    a policy file has a bad line (named, with its number)
-    ├── InvalidRequestError       a search or operation was asked for with bad arguments
-    │   └── PayloadTooLargeError  a request body is over the size limit
-    ├── AuthenticationError       no credential, or one that does not verify
-    ├── NotFoundError             no such item visible to the caller (missing and forbidden look alike)
-    ├── PermissionDeniedError     the policy does not grant the caller this operation
-    └── WarehouseError            the warehouse is missing, damaged or inconsistent
+    RagwardenError                500 internal
+    ├── ConfigurationError        500 misconfigured          a setting is missing or malformed
+    ├── InvalidSourceError        422 invalid_source         a source record or file was refused at ingest
+    ├── PolicyError               503 policy_unavailable     the policy cannot be loaded
+    │   └── InvalidPolicyError    503 policy_unavailable     a policy file has a bad line (named, with its number)
+    ├── InvalidRequestError       422 invalid_request        a search or operation was asked for with bad arguments
+    │   └── PayloadTooLargeError  413 payload_too_large      a request body is over the size limit
+    ├── AuthenticationError       401 unauthenticated        no credential, or one that does not verify
+    ├── NotFoundError             404 not_found              no such item visible to the caller (missing and forbidden look alike)
+    ├── PermissionDeniedError     403 forbidden              the policy does not grant the caller this operation
+    └── WarehouseError            503 warehouse_unavailable  the warehouse is missing, damaged or inconsistent
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 __all__ = [
     "AuthenticationError",
@@ -30,19 +34,30 @@ __all__ = [
     "PolicyError",
     "RagwardenError",
     "WarehouseError",
+    "error_of",
+    "error_of_status",
 ]
 
 
 class RagwardenError(Exception):
     """Base class of every error ragwarden raises on purpose."""
 
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+
 
 class ConfigurationError(RagwardenError):
     """A setting is missing or malformed."""
 
+    status = 500
+    code = "misconfigured"
+
 
 class InvalidSourceError(RagwardenError):
     """A source (JSONL record or file) was refused; nothing was written for it."""
+
+    status = 422
+    code = "invalid_source"
 
     def __init__(self, source: str, reason: str) -> None:
         self.source = source
@@ -52,6 +67,9 @@ class InvalidSourceError(RagwardenError):
 
 class PolicyError(RagwardenError):
     """The policy cannot be loaded or used."""
+
+    status = 503
+    code = "policy_unavailable"
 
 
 class InvalidPolicyError(PolicyError):
@@ -67,23 +85,77 @@ class InvalidPolicyError(PolicyError):
 class InvalidRequestError(RagwardenError):
     """A request carried an argument out of range or of the wrong form."""
 
+    status = 422
+    code = "invalid_request"
+
 
 class PayloadTooLargeError(InvalidRequestError):
     """A request body is larger than the limit the service was started with."""
+
+    status = 413
+    code = "payload_too_large"
 
 
 class AuthenticationError(RagwardenError):
     """The request carried no credential, or one that does not verify (signature, expiry, issuer,
     audience, or an unknown or revoked API key). The message says which, never whose."""
 
+    status = 401
+    code = "unauthenticated"
+
 
 class NotFoundError(RagwardenError):
     """No such item is visible to the caller; deliberately the same whether it is missing or forbidden."""
+
+    status = 404
+    code = "not_found"
 
 
 class PermissionDeniedError(RagwardenError):
     """The policy does not grant the caller the operation it asked for."""
 
+    status = 403
+    code = "forbidden"
+
 
 class WarehouseError(RagwardenError):
     """The warehouse is missing, damaged or inconsistent."""
+
+    status = 503
+    code = "warehouse_unavailable"
+
+
+def _naming_classes() -> list[type[RagwardenError]]:
+    """The classes of this module that name their own code, parents before children and siblings
+    in the order they are defined (a subclass that only inherits its code, such as
+    ``InvalidPolicyError``, is left out: its parent answers for the code)."""
+    found: list[type[RagwardenError]] = []
+    pending: list[type[RagwardenError]] = [RagwardenError]
+    while pending:
+        cls = pending.pop(0)
+        if cls.__module__ == __name__ and "code" in vars(cls):
+            found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+_BY_CODE: dict[str, type[RagwardenError]] = {cls.code: cls for cls in _naming_classes()}
+
+
+def error_of(code: str, message: str) -> RagwardenError:
+    """The error a client raises for an answer's error ``code``: the class that answers with it (a
+    refused source record reads as an invalid request, since its source is not the client's to
+    name; an unknown code as a plain ``RagwardenError``)."""
+    if code == InvalidSourceError.code:
+        return InvalidRequestError(message)
+    return _BY_CODE.get(code, RagwardenError)(message)
+
+
+def error_of_status(status: int, message: str) -> RagwardenError:
+    """The error a client raises for an answer that carries no error code (from a proxy, say): the
+    class that answers with that client-error status (``InvalidRequestError`` for 422), and for any
+    other status ``WarehouseError`` (the service is not answering as itself)."""
+    if status >= 500:
+        return WarehouseError(message)
+    cls = next((cls for cls in _BY_CODE.values() if cls.status == status), None)
+    return error_of(cls.code, message) if cls is not None else WarehouseError(message)

@@ -1,69 +1,44 @@
 """The warehouse: ragwarden's face for Python callers, over the one place that holds all state.
 
-Every retrieval and every decision on an operation leaves an audit receipt, allowed or refused.
-Operations run by the process itself (``subject=None``: the operator, as the CLI does) need no
-grant; a named caller (the HTTP and MCP services pass the credential's subject and tenant) needs
-the policy's grant of the operation in its tenant, and touches nothing outside that tenant.
+Every operation goes through the permission gate once (``gate``): it decides, records the receipt,
+allowed or refused, and hands the decision over. Operations run by the process itself (no caller:
+the operator, as the CLI does) need no grant; a named caller (the HTTP and MCP services pass the
+credential's ``Identity``) needs the policy's grant of the operation in its tenant, and touches
+nothing outside that tenant. The Python API's ``subject``/``tenant``/``actor`` arguments are an
+edge too: they become one validated ``Caller`` before anything runs.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from .config import INGEST_ENGINES, IngestEngineName, Settings
 from .embedder import MODEL_NAME, Embedder
-from .errors import (
-    InvalidPolicyError,
-    InvalidRequestError,
-    InvalidSourceError,
-    NotFoundError,
-    PermissionDeniedError,
-    RagwardenError,
-)
-from .governance.audit import AuditLog, ChainReport, Receipt, StoredReceipt, fingerprint
+from .errors import InvalidPolicyError, InvalidRequestError, InvalidSourceError, NotFoundError, PermissionDeniedError
+from .gate import ANY_TENANT, OPERATOR, Need, Permission, PermissionGate
+from .governance.audit import AuditLog, ChainReport, StoredReceipt, fingerprint
+from .governance.caller import Caller
+from .governance.compiler import SubjectView
 from .governance.explain import Explanation, explain_row, not_visible
 from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary, LineageEmitter
+from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.policy_in_force import PolicyInForce
-from .governance.tags import actor_problem
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
 from .retrieval.hits import Hit
-from .retrieval.manifest import ContextManifest
 from .retrieval.review import AccessReview, access_review, inventory
-from .retrieval.search import Searcher, validate_request
-from .store import Store, storage_failure
+from .retrieval.search import Searcher, SearchResult, require_reader
+from .state import Store
 
 PathLike = str | Path
 T = TypeVar("T")
-P = ParamSpec("P")
-OPERATOR = "local:operator"  # the subject receipts name for operations run in-process (subject=None)
-ANY_TENANT = "*"  # the tenant receipts name for operator runs, which may span tenants
-
-
-def _names_storage_failures(method: Callable[Concatenate[Warehouse, P], T]) -> Callable[Concatenate[Warehouse, P], T]:
-    """A failure to read or write the warehouse's files leaves as a WarehouseError naming the
-    warehouse, the operation and (where Lance knows it) the file, never as a bare Lance error."""
-
-    @functools.wraps(method)
-    def run(self: Warehouse, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return method(self, *args, **kwargs)
-        except RagwardenError:
-            raise
-        except Exception as exc:
-            failure = storage_failure(self.uri, method.__name__, exc, self.store.damaged_files)
-            if failure is None:
-                raise
-            raise failure from exc
-
-    return run
+__all__ = ["ANY_TENANT", "OPERATOR", "Warehouse", "open"]
 
 
 class Warehouse:
@@ -78,13 +53,14 @@ class Warehouse:
         self.settings = settings
         self.embedder = embedder or Embedder.from_settings(settings)
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options)
-        self.audit = AuditLog(self.store.db, key=settings.audit_key)
+        self.audit = AuditLog(self.store.audit_table, key=settings.audit_key)
         self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
         if settings.policy:
             self._policy = PolicyInForce.from_file(settings.policy)
             self._policy.current()  # a bad file is refused at once, naming its line
         else:
-            self._policy = PolicyInForce(load=self.store.installed_policy, stamp=lambda: self.store.policies.version)
+            self._policy = PolicyInForce(load=self._installed_policy, stamp=lambda: self.store.policies_version)
+        self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks_version)
         self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes)
         self._lifecycle = Lifecycle(self.store, self.embedder)
 
@@ -112,11 +88,13 @@ class Warehouse:
         return result
 
     def _chunks_output(self, rows: int, **facets: Any) -> ChunksOutput:
-        return ChunksOutput(version=self.store.chunks.version, schema=self.store.chunks.schema, rows=rows, **facets)
+        return ChunksOutput(version=self.store.chunks_version, schema=self.store.chunks_schema, rows=rows, **facets)
 
     @property
     def _embedding(self) -> Embedding:
         return Embedding(model=self.embedder.name, dimension=self.embedder.dimension)
+
+    # -- the policy -----------------------------------------------------------------------------
 
     @property
     def policy(self) -> Policy | None:
@@ -134,15 +112,27 @@ class Warehouse:
         """``policy_problem`` without the bad line's content, for readiness probes."""
         return self._policy.public_problem
 
-    @_names_storage_failures
+    def _installed_policy(self) -> Policy | None:
+        installed = self.store.installed_policy()
+        if installed is None:
+            return None
+        return Policy.from_text(installed.text, source=f"{self.uri} (policy {installed.version})")
+
     def install_policy(self, path: PathLike) -> Policy:
         """Validate a policy file and make it the warehouse's own (versioned; old ones are kept)."""
         policy = Policy.from_file(path)
         self.store.install_policy(policy)
         return policy
 
-    @_names_storage_failures
-    def install_policy_text(self, text: str, *, subject: str, tenant: str, actor: str | None = None) -> Policy:
+    def install_policy_text(
+        self,
+        text: str,
+        *,
+        subject: str | None = None,
+        tenant: str | None = None,
+        actor: str | None = None,
+        caller: Caller | None = None,
+    ) -> Policy:
         """Install a policy on behalf of a named caller, who needs ``admin`` in every tenant that the
         policy in force or the new one names: one tenant's administrator cannot rewrite another's rules.
 
@@ -150,21 +140,22 @@ class Warehouse:
         names, in one pass over it); the role graph is checked and the enforcer built only for a
         caller who holds it, so a caller who does not learns nothing of the policy's graph and
         costs no more than that one pass."""
-        source = "policy sent by " + subject
+        who = _required(caller, subject, tenant, actor, Operation.ADMIN)
+        source = "policy sent by " + who.subject
 
         def refused_line(exc: InvalidPolicyError) -> InvalidRequestError:
             return InvalidRequestError(f"policy line {exc.line}: {exc.reason}")
 
-        def install(_: str | None) -> Policy:
+        def install(permission: Permission) -> Policy:
             try:
                 rules = parse_rules(text, source, check_graph=False)
             except InvalidPolicyError as exc:
                 raise refused_line(exc) from None
-            current = self.policy
+            current = permission.policy
             for other in sorted(tenants_of(rules) | (current.tenants if current else frozenset())):
-                decision = current.allows_operation(subject, other, "admin") if current else None
+                decision = current.allows_operation(who.subject, other, Operation.ADMIN) if current else None
                 if decision is None or not decision.allowed:
-                    raise PermissionDeniedError(f"installing this policy needs admin in {other}, which {subject} lacks")
+                    raise PermissionDeniedError(f"installing this policy needs admin in {other}, which {who.subject} lacks")
             try:
                 policy = Policy(rules, source=source, source_text=text)  # checks the role graph, builds the enforcer
             except InvalidPolicyError as exc:
@@ -172,118 +163,16 @@ class Warehouse:
             self.store.install_policy(policy)
             return policy
 
-        return self._governed(
-            "admin",
-            subject,
-            tenant,
+        return self._gate.run(
+            Operation.ADMIN,
+            who,
+            Need.GRANT,
             install,
             lambda policy: {"reason": f"installed policy {policy.version} ({len(policy.rules)} rules)"},
-            actor=actor,
         )
-
-    # -- receipts -----------------------------------------------------------------------------
-
-    def _receipt(self, **fields: Any) -> None:
-        policy = self.policy
-        self.audit.append(
-            Receipt(
-                policy_version=policy.version if policy else None,
-                table_version=self.store.chunks.version,
-                **fields,
-            )
-        )
-
-    def _decided(
-        self,
-        operation: str,
-        subject: str,
-        tenant: str,
-        action: Callable[[], T],
-        describe: Callable[[T], Mapping[str, Any]],
-        *,
-        actor: str | None = None,
-    ) -> T:
-        """Run an operation and record the decision: refused (and why) or done (and what)."""
-        _check_actor(actor)
-        who = {"kind": "decision", "operation": operation, "subject": subject, "tenant": tenant, "actor": actor}
-        try:
-            result = action()
-        except (NotFoundError, PermissionDeniedError) as exc:
-            self._receipt(**who, allowed=False, reason=str(exc))
-            raise
-        self._receipt(**who, allowed=True, **describe(result))
-        return result
-
-    def _authorize(self, operation: str, subject: str, tenant: str | None) -> str:
-        """The tenant a named caller acts in, once the policy grants it ``operation`` there."""
-        if not isinstance(tenant, str) or not tenant:
-            raise InvalidRequestError(f"{operation} by {subject} needs the caller's tenant")
-        policy = self.policy
-        if policy is None:
-            raise PermissionDeniedError(f"no policy is in force, so {operation} is granted to no one")
-        decision = policy.allows_operation(subject, tenant, operation)
-        if not decision.allowed:
-            raise PermissionDeniedError(decision.reason)
-        return tenant
-
-    def _governed(
-        self,
-        operation: str,
-        subject: str | None,
-        tenant: str | None,
-        action: Callable[[str | None], T],
-        describe: Callable[[T], Mapping[str, Any]],
-        *,
-        actor: str | None = None,
-        touched: Callable[[T], Mapping[str, Sequence[str]]] | None = None,
-    ) -> T:
-        """An operation run by the operator (``subject=None``, any tenant) or, authorized, by a named caller.
-
-        ``action`` receives the tenant the caller is confined to (None for the operator).
-        ``touched`` gives, for an operator's run, the documents it wrote in each tenant: the run
-        is then recorded once per tenant, naming only that tenant's documents, so each tenant's
-        auditor sees what was done to it and nothing of the others.
-        """
-        if subject is None:
-            return self._operated(operation, lambda: action(None), describe, touched)
-        confined = tenant if isinstance(tenant, str) and tenant else ANY_TENANT
-        return self._decided(
-            operation,
-            subject,
-            confined,
-            lambda: action(self._authorize(operation, subject, tenant)),
-            describe,
-            actor=actor,
-        )
-
-    def _operated(
-        self,
-        operation: str,
-        action: Callable[[], T],
-        describe: Callable[[T], Mapping[str, Any]],
-        touched: Callable[[T], Mapping[str, Sequence[str]]] | None,
-    ) -> T:
-        """Run an operator's operation; record it per tenant it touched (``_governed``), or once
-        under ``*`` when it touched none or was refused."""
-        who = {"kind": "decision", "operation": operation, "subject": OPERATOR, "actor": None}
-        try:
-            result = action()
-        except (NotFoundError, PermissionDeniedError) as exc:
-            self._receipt(**who, tenant=ANY_TENANT, allowed=False, reason=str(exc))
-            raise
-        described = dict(describe(result))
-        by_tenant = {t: ids for t, ids in (touched(result) if touched else {}).items() if ids}
-        if not by_tenant:
-            self._receipt(**who, tenant=ANY_TENANT, allowed=True, **described)
-        if len(by_tenant) > 1:  # counts and details span tenants: each tenant's receipt names only its own
-            described = {"reason": f"{operation} run by the operator", "details": {}}
-        for where, doc_ids in sorted(by_tenant.items()):
-            self._receipt(**who, tenant=where, allowed=True, **{**described, "doc_ids": tuple(doc_ids)})
-        return result
 
     # -- ingest -------------------------------------------------------------------------------
 
-    @_names_storage_failures
     def ingest(
         self,
         paths: PathLike | Sequence[PathLike],
@@ -294,7 +183,8 @@ class Warehouse:
         progress: bool | None = False,
         engine: IngestEngineName = "local",
     ) -> IngestReport:
-        """Ingest files, folders and JSONL files; returns a report of what was written and refused.
+        """Ingest files, folders and JSONL files (as the operator); returns a report of what was
+        written and refused.
 
         ``engine`` ``ray`` chunks and embeds on a Ray cluster (``ingest.ray_engine``); the result
         is the same as a local ingest's."""
@@ -307,11 +197,15 @@ class Warehouse:
             max_bytes=self.settings.max_file_bytes,
         )
         sources = [str(Path(p).resolve()) for p in items]
-        return self._governed(
-            "ingest", None, None, lambda _: self._run(outcomes, progress, sources, engine), _ingested, touched=_written
+        return self._gate.run(
+            Operation.INGEST,
+            None,
+            Need.GRANT,
+            lambda _: self._run(outcomes, progress, sources, engine),
+            _ingested,
+            touched=_written,
         )
 
-    @_names_storage_failures
     def ingest_records(
         self,
         records: Iterable[Mapping[str, Any]],
@@ -320,17 +214,20 @@ class Warehouse:
         subject: str | None = None,
         tenant: str | None = None,
         actor: str | None = None,
+        caller: Caller | None = None,
         engine: IngestEngineName = "local",
     ) -> IngestReport:
         """Ingest records given as dicts in the JSONL format of DESIGN §6.
 
-        A named ``subject`` needs ``ingest`` in ``tenant``; its records take that tenant when they
+        A named caller needs ``ingest`` in its tenant; its records take that tenant when they
         name none, and a record naming another tenant is rejected (nothing written for it).
         """
+        who = _caller_of(caller, subject, tenant, actor)
         records = list(records)
         sources = [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)]
+        confined = who.tenant if who else None
 
-        def run(confined: str | None) -> IngestReport:
+        def run(_: Permission) -> IngestReport:
             outcomes = (
                 outcome
                 for n, record in enumerate(records, start=1)
@@ -338,7 +235,7 @@ class Warehouse:
             )
             return self._run(outcomes, progress, sources, engine)
 
-        return self._governed("ingest", subject, tenant, run, _ingested, actor=actor, touched=_written)
+        return self._gate.run(Operation.INGEST, who, Need.GRANT, run, _ingested, touched=_written)
 
     def _run(
         self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local"
@@ -377,118 +274,120 @@ class Warehouse:
 
     # -- retrieval ----------------------------------------------------------------------------
 
-    @_names_storage_failures
     def search(
         self,
         query: str,
         *,
-        subject: str,
-        tenant: str,
+        subject: str | None = None,
+        tenant: str | None = None,
+        actor: str | None = None,
+        caller: Caller | None = None,
         k: int = 10,
         mode: str = "vector",
         min_version: int | None = None,
-        actor: str | None = None,
         purpose: str | None = None,
         vector: Sequence[float] | None = None,
     ) -> list[Hit]:
-        """The best ``k`` chunks ``subject`` may read in ``tenant`` (fewer only if fewer are visible).
+        """The best ``k`` chunks the caller may read in its tenant (fewer only if fewer are visible).
 
+        The caller is ``caller`` whole (a verified ``Identity``, say), or ``subject`` in ``tenant``
+        with ``actor``, the agent acting for the subject (it gets exactly the subject's visibility).
         ``vector``: the query's embedding, when the caller computed it already.
-
         ``min_version``: refuse to answer from a table older than this version (read-your-writes).
-        ``actor``: the agent acting for ``subject``; it gets exactly the subject's visibility.
         """
-        _check_actor(actor)
+        who = _required(caller, subject, tenant, actor, Operation.SEARCH)
+        require_reader(who)
         self.store.require_version(min_version)
-        policy = self.policy
-        hits, withheld = self._searcher.search(
-            query, policy=policy, subject=subject, tenant=tenant, k=k, mode=mode, vector=vector
-        )
-        self.audit.append(
-            Receipt(
-                kind="retrieval",
-                operation="search",
-                subject=subject,
-                actor=actor,
-                tenant=tenant,
-                purpose=purpose,
-                allowed=True,
-                reason=f"{len(hits)} of k={k} ({mode})",
-                query_fingerprint=fingerprint(query),
-                query=query if self.settings.audit_raw_queries else None,
-                chunk_ids=tuple(h.chunk_id for h in hits),
-                doc_ids=tuple(dict.fromkeys(h.doc_id for h in hits)),
-                chunk_labels={h.chunk_id: h.labels for h in hits},
-                withheld=withheld,
-                policy_version=policy.version if policy else None,
-                table_version=hits[0].table_version if hits else self.store.chunks.version,
-            )
-        )
-        return hits
 
-    @_names_storage_failures
-    def get_chunk(self, chunk_id: str, *, subject: str, tenant: str, actor: str | None = None) -> Hit:
-        """One chunk or derived row by id, if ``subject`` may read it; ``NotFoundError`` alike whether
+        def describe(found: SearchResult) -> dict[str, Any]:
+            hits = found.hits
+            return {
+                "purpose": purpose,
+                "reason": f"{len(hits)} of k={k} ({mode})",
+                "query_fingerprint": fingerprint(query),
+                "query": query if self.settings.audit_raw_queries else None,
+                "chunk_ids": tuple(h.chunk_id for h in hits),
+                "doc_ids": tuple(dict.fromkeys(h.doc_id for h in hits)),
+                "chunk_labels": {h.chunk_id: h.labels for h in hits},
+                "withheld": found.withheld,
+                "table_version": found.table_version,
+            }
+
+        found = self._gate.run(
+            Operation.SEARCH,
+            who,
+            Need.READ,
+            lambda permission: self._searcher.search(
+                query, policy=permission.policy, caller=who, k=k, mode=mode, vector=vector
+            ),
+            describe,
+        )
+        return found.hits
+
+    def get_chunk(
+        self,
+        chunk_id: str,
+        *,
+        subject: str | None = None,
+        tenant: str | None = None,
+        actor: str | None = None,
+        caller: Caller | None = None,
+    ) -> Hit:
+        """One chunk or derived row by id, if the caller may read it; ``NotFoundError`` alike whether
         it is missing or forbidden, so the answer reveals nothing of rows the caller cannot see."""
-        validate_request("get", subject, tenant, 1, "vector")
-        _check_actor(actor)
-        policy = self.policy
-        hit = self._searcher.get(chunk_id, policy=policy, subject=subject, tenant=tenant)
-        self.audit.append(
-            Receipt(
-                kind="retrieval",
-                operation="get",
-                subject=subject,
-                actor=actor,
-                tenant=tenant,
-                allowed=hit is not None,
-                reason="visible" if hit is not None else "not visible (missing or forbidden)",
-                chunk_ids=(hit.chunk_id,) if hit else _asked(chunk_id),
-                doc_ids=(hit.doc_id,) if hit else (),
-                chunk_labels={hit.chunk_id: hit.labels} if hit else {},
-                policy_version=policy.version if policy else None,
-                table_version=hit.table_version if hit else self.store.chunks.version,
-                details={} if hit else {"asked": str(chunk_id)[:256]},
-            )
+        who = _required(caller, subject, tenant, actor, Operation.GET)
+        require_reader(who)
+
+        def describe(hit: Hit | None) -> dict[str, Any]:
+            if hit is None:
+                return {"allowed": False, "reason": "not visible (missing or forbidden)", "chunk_ids": _asked(chunk_id),
+                        "details": {"asked": str(chunk_id)[:256]}}  # fmt: skip
+            return {"reason": "visible", "chunk_ids": (hit.chunk_id,), "doc_ids": (hit.doc_id,),
+                    "chunk_labels": {hit.chunk_id: hit.labels}, "table_version": hit.table_version}  # fmt: skip
+
+        hit = self._gate.run(
+            Operation.GET,
+            who,
+            Need.READ,
+            lambda permission: self._searcher.get(chunk_id, policy=permission.policy, caller=who),
+            describe,
         )
         if hit is None:
             raise NotFoundError(f"chunk {chunk_id!r} not found")
         return hit
 
-    @staticmethod
-    def manifest(hits: Iterable[Hit]) -> ContextManifest:
-        """The context manifest of ``hits``: ids, union of labels, highest classification, versions."""
-        return ContextManifest.of(hits)
+    def _reader(self, permission: Permission, who: Caller) -> SubjectView | None:
+        """What the policy the gate decided under lets ``who`` read (None: no policy, nothing)."""
+        return None if permission.policy is None else self._searcher.view(permission.policy, who)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    @_names_storage_failures
     def derive(
         self,
         text: str,
         *,
         parents: Sequence[str],
-        subject: str,
-        tenant: str,
-        kind: str = "summary",
+        subject: str | None = None,
+        tenant: str | None = None,
         actor: str | None = None,
+        caller: Caller | None = None,
+        kind: str = "summary",
     ) -> DerivedRow:
-        """Save ``text`` (a summary, note or agent memory) derived from chunks ``subject`` may read.
+        """Save ``text`` (a summary, note or agent memory) derived from chunks the caller may read.
 
-        Needs the policy's ``derive`` grant in ``tenant``. The new row is visible only to whoever
-        could read every parent; a parent the subject cannot read is refused exactly as a missing
-        one is (``NotFoundError``).
+        Needs the policy's ``derive`` grant in the caller's tenant. The new row is visible only to
+        whoever could read every parent; a parent the caller cannot read is refused exactly as a
+        missing one is (``NotFoundError``).
         """
-        return self._governed(
-            "derive",
-            subject,
-            tenant,
-            lambda _: self._tracked(
+        who = _required(caller, subject, tenant, actor, Operation.DERIVE)
+        return self._gate.run(
+            Operation.DERIVE,
+            who,
+            Need.GRANT,
+            lambda permission: self._tracked(
                 "derive",
                 [f"{self.uri}/chunks"],
-                lambda: self._lifecycle.derive(
-                    text, parents=parents, policy=self.policy, subject=subject, tenant=tenant, kind=kind
-                ),
+                lambda: self._lifecycle.derive(text, parents=parents, reader=self._reader(permission, who), kind=kind),
                 lambda row: self._chunks_output(
                     1,
                     embedding=self._embedding,
@@ -501,10 +400,8 @@ class Warehouse:
                 "chunk_labels": {row.chunk_id: tuple(sorted(row.tags.labels))},
                 "details": {"parents": list(row.parents)},
             },
-            actor=actor,
         )
 
-    @_names_storage_failures
     def sync(
         self,
         records: PathLike | Iterable[Mapping[str, Any]],
@@ -512,19 +409,21 @@ class Warehouse:
         subject: str | None = None,
         tenant: str | None = None,
         actor: str | None = None,
+        caller: Caller | None = None,
     ) -> SyncReport:
         """Apply changed ACLs, labels or classifications (JSONL records, or a JSONL file) to the
         documents' chunks and to every row derived from them, without re-embedding.
 
-        A named ``subject`` needs ``sync`` in ``tenant`` and may name no other tenant.
+        A named caller needs ``sync`` in its tenant and may name no other tenant.
         """
+        who = _caller_of(caller, subject, tenant, actor)
         records = _read_sync_file(Path(records)) if isinstance(records, str | Path) else list(records)
 
-        def run(confined: str | None) -> SyncReport:
+        def run(_: Permission) -> SyncReport:
             for number, record in enumerate(records, start=1):
                 named = record.get("tenant") if isinstance(record, Mapping) else None
-                if confined is not None and named != confined:
-                    raise PermissionDeniedError(f"sync record {number} names tenant {named!r}; the caller acts in {confined!r}")
+                if who is not None and named != who.tenant:
+                    raise PermissionDeniedError(f"sync record {number} names tenant {named!r}; the caller acts in {who.tenant!r}")
             return self._tracked(
                 "sync",
                 [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)],
@@ -537,20 +436,18 @@ class Warehouse:
                 ),
             )
 
-        return self._governed(
-            "sync",
-            subject,
-            tenant,
+        return self._gate.run(
+            Operation.SYNC,
+            who,
+            Need.GRANT,
             run,
             lambda report: {
                 "reason": f"re-tagged {report.chunks} chunks and {report.derived} derived rows",
                 "doc_ids": report.documents,
             },
-            actor=actor,
             touched=lambda report: _by_tenant(report.keys),
         )
 
-    @_names_storage_failures
     def forget(
         self,
         item_id: str,
@@ -559,34 +456,35 @@ class Warehouse:
         subject: str | None = None,
         tenant: str | None = None,
         actor: str | None = None,
+        caller: Caller | None = None,
     ) -> ForgetReport:
         """Erase a document, or a derived row (a summary, note or agent memory) by its own id, with
         everything derived from it, and purge it from old versions; the receipt is its tombstone.
 
-        A named ``subject`` needs ``forget`` in ``tenant``; another tenant's item reads as missing.
+        A named caller needs ``forget`` in its tenant; another tenant's item reads as missing.
         The operator names ``tenant`` when a document id is used in more than one.
         """
+        who = _caller_of(caller, subject, tenant, actor)
         # The reason goes into the receipt: refuse one it cannot hold before erasing anything.
         if not isinstance(reason, str) or not reason.strip() or "\x00" in reason:
             raise InvalidRequestError(
                 "a reason is required to forget a document (it goes into the audit receipt): text without NUL characters"
             )
 
-        def run(confined: str | None) -> ForgetReport:
-            erase = self._erasure(item_id, confined or tenant, reason)
+        def run(_: Permission) -> ForgetReport:
+            erase = self._erasure(item_id, who.tenant if who else tenant, reason)
             return self._tracked("forget", [f"doc:{item_id}"], erase, lambda _: self._chunks_output(0))
 
-        return self._governed(
-            "forget",
-            subject,
-            tenant,
+        return self._gate.run(
+            Operation.FORGET,
+            who,
+            Need.GRANT,
             run,
             lambda report: {
                 "reason": reason,
                 "doc_ids": (report.item_id,),
                 "details": {"chunks": report.chunks, "derived": report.derived, "tombstone": report.tombstone()},
             },
-            actor=actor,
             touched=lambda report: {report.tenant: [report.item_id]},
         )
 
@@ -604,86 +502,95 @@ class Warehouse:
 
     # -- questions ----------------------------------------------------------------------------
 
-    @_names_storage_failures
     def explain(
-        self, chunk_id: str, *, subject: str, tenant: str, caller: str | None = None, actor: str | None = None
+        self,
+        chunk_id: str,
+        *,
+        subject: str,
+        tenant: str | None = None,
+        caller: str | Caller | None = None,
+        actor: str | None = None,
     ) -> Explanation:
-        """Why ``subject`` may or may not read ``chunk_id`` in ``tenant``, step by step.
+        """Why ``subject`` may or may not read ``chunk_id`` in the caller's tenant, step by step.
 
-        Anyone may ask about themselves; asking about someone else needs ``audit``. Without
-        ``audit``, a row the subject cannot read is only "not visible": nothing of it leaks.
+        ``caller`` asks (by default ``subject`` itself). Anyone may ask about themselves; asking
+        about someone else needs ``audit``. Without ``audit``, a row the subject cannot read is
+        only "not visible": nothing of it leaks.
         """
-        caller = caller or subject
+        who = _asker(caller, subject, tenant, actor)
         if not isinstance(chunk_id, str) or "\x00" in chunk_id:
             raise InvalidRequestError("a chunk id is text without NUL characters")
+        where = who.tenant
 
-        def decide() -> Explanation:
-            policy = self.policy
+        def decide(permission: Permission) -> Explanation:
+            policy = permission.policy
             if policy is None:
-                return not_visible(chunk_id, subject, tenant)
-            auditor = policy.allows_operation(caller, tenant, "audit").allowed
-            if caller != subject and not auditor:
-                raise PermissionDeniedError(f"{caller} may explain only its own access; asking about {subject} needs audit")
+                return not_visible(chunk_id, subject, where)
             row = self.store.rows([chunk_id]).get(chunk_id)
-            if row is None or row["tenant"] != tenant:  # another tenant's row reads as a missing one
-                return not_visible(chunk_id, subject, tenant)
-            explanation = explain_row(policy, subject, tenant, row, self.store.clause_registry())
-            return explanation if explanation.allowed or auditor else not_visible(chunk_id, subject, tenant)
+            if row is None or row["tenant"] != where:  # another tenant's row reads as a missing one
+                return not_visible(chunk_id, subject, where)
+            explanation = explain_row(policy, subject, where, row, self.store.clause_registry())
+            return explanation if explanation.allowed or permission.auditor else not_visible(chunk_id, subject, where)
 
-        return self._decided(
-            "explain",
-            caller,
-            tenant,
+        return self._gate.run(
+            Operation.EXPLAIN,
+            who,
+            Need.SELF_OR_AUDIT,
             decide,
             lambda result: {
                 "reason": f"asked about {subject}: {'visible' if result.allowed else 'not visible'}",
                 "chunk_ids": _asked(chunk_id),
                 "details": {"about": subject, "visible": result.allowed},
             },
-            actor=actor,
+            about=subject,
         )
 
-    @_names_storage_failures
-    def access_review(self, *, subject: str, tenant: str, caller: str | None = None) -> AccessReview:
-        """What ``subject`` can read in ``tenant``, by source, label and classification."""
-        caller = caller or subject
-        return self._decided(
-            "audit",
-            caller,
-            tenant,
-            lambda: access_review(self.store, self._searcher, self._require(caller, subject, tenant), subject, tenant),
-            lambda review: {"reason": f"access review of {subject}: {review.rows} readable rows"},
+    def access_review(
+        self, *, subject: str, tenant: str | None = None, caller: str | Caller | None = None
+    ) -> AccessReview:
+        """What ``subject`` can read in the caller's tenant, by source, label and classification;
+        ``caller`` (by default ``subject``) needs ``audit`` to ask about someone else."""
+        who = _asker(caller, subject, tenant, None)
+        about = Caller(subject=subject, tenant=who.tenant)
+
+        def review(permission: Permission) -> AccessReview:
+            assert permission.policy is not None  # the gate refuses a review without a policy
+            return access_review(self.store, self._searcher, self._searcher.view(permission.policy, about))
+
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.SELF_OR_AUDIT,
+            review,
+            lambda found: {"reason": f"access review of {subject}: {found.rows} readable rows"},
+            about=subject,
         )
 
-    @_names_storage_failures
-    def inventory(self, *, label: str, tenant: str, caller: str) -> dict[str, list[str]]:
-        """Every row carrying ``label`` in ``tenant``, grouped by source; needs ``audit``."""
-        def run() -> dict[str, list[str]]:
-            self._require(caller, None, tenant)
-            return inventory(self.store, label, tenant)
-
-        return self._decided(
-            "audit",
-            caller,
-            tenant,
-            run,
+    def inventory(self, *, label: str, tenant: str | None = None, caller: str | Caller) -> dict[str, list[str]]:
+        """Every row carrying ``label`` in the caller's tenant, grouped by source; needs ``audit``."""
+        who = _asker(caller, None, tenant, None)
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.AUDIT,
+            lambda _: inventory(self.store, label, who.tenant),
             lambda found: {"reason": f"inventory of label {label!r}: {len(found)} sources", "doc_ids": tuple(found)},
         )
 
-    @_names_storage_failures
-    def lineage(self, item_id: str, *, caller: str | None = None, tenant: str | None = None) -> dict[str, Any]:
+    def lineage(self, item_id: str, *, caller: str | Caller | None = None, tenant: str | None = None) -> dict[str, Any]:
         """A source or row's lineage: source -> chunks -> derived rows -> the receipts that returned them.
 
-        A named ``caller`` needs ``audit`` in ``tenant``, and another tenant's item reads as missing.
+        A named ``caller`` needs ``audit`` in its tenant, and another tenant's item reads as
+        missing; the operator (no caller) sees any tenant's, or ``tenant``'s.
         """
         if caller is None:
             return self._lineage(item_id, tenant)
-        confined = tenant or ANY_TENANT
-        return self._decided(
-            "audit",
-            caller,
-            confined,
-            lambda: self._audited(caller, confined, lambda: self._lineage(item_id, confined)),
+        who = _asker(caller, None, tenant, None)
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.AUDIT,
+            lambda _: self._lineage(item_id, who.tenant),
             lambda found: {"reason": f"lineage of {item_id!r}", "doc_ids": _asked(item_id)},
         )
 
@@ -737,7 +644,7 @@ class Warehouse:
             "source": None if source is None else {"doc_id": source.doc_id, "tenant": source.tenant, "version": source.doc_version},
             "chunks": chunk_ids,
             "derived": [{"chunk_id": i, "kind": r["kind"], "parents": r["parents"]} for i, r in sorted(derived.items())],
-            "receipts": [_lineage_receipt(r, touched) for _, r in sorted(found.items()) if r.operation != "audit"],
+            "receipts": [_lineage_receipt(r, touched) for _, r in sorted(found.items()) if r.operation != Operation.AUDIT],
             "tombstones": [
                 {"seq": r.seq, "time": r.time.isoformat(), "subject": r.subject, "actor": r.actor, "reason": r.reason,
                  **r.details.get("tombstone", {})}  # fmt: skip
@@ -745,45 +652,69 @@ class Warehouse:
             ],
         }
 
-    @_names_storage_failures
-    def receipts(self, *, caller: str, tenant: str, **filters: Any) -> list[StoredReceipt]:
-        """Audit receipts of ``tenant`` matching ``filters`` (see ``AuditLog.query``); needs ``audit``."""
-        return self._decided(
-            "audit",
-            caller,
-            tenant,
-            lambda: self._audited(caller, tenant, lambda: self.audit.query(tenant=tenant, **filters)),
+    def receipts(self, *, caller: str | Caller, tenant: str | None = None, **filters: Any) -> list[StoredReceipt]:
+        """Audit receipts of the caller's tenant matching ``filters`` (see ``AuditLog.query``); needs ``audit``."""
+        who = _asker(caller, None, tenant, None)
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.AUDIT,
+            lambda _: self.audit.query(**{**filters, "tenant": who.tenant}),
             lambda found: {"reason": f"audit query: {len(found)} receipts"},
         )
 
-    @_names_storage_failures
-    def verify_audit(self, *, caller: str, tenant: str) -> ChainReport:
-        """Verify the whole receipt chain on behalf of ``caller``; needs ``audit`` in ``tenant``."""
-        return self._decided(
-            "audit",
-            caller,
-            tenant,
-            lambda: self._audited(caller, tenant, self.audit.verify),
+    def verify_audit(self, *, caller: str | Caller, tenant: str | None = None) -> ChainReport:
+        """Verify the whole receipt chain on behalf of ``caller``; needs ``audit`` in its tenant."""
+        who = _asker(caller, None, tenant, None)
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.AUDIT,
+            lambda _: self.audit.verify(),
             lambda report: {"reason": f"audit verify: {'intact' if report.ok else 'broken'} ({report.receipts} receipts)"},
         )
 
-    def _audited(self, caller: str, tenant: str, action: Callable[[], T]) -> T:
-        """``action``'s result, once ``caller`` is found to hold ``audit`` in ``tenant``."""
-        self._require(caller, None, tenant)
-        return action()
 
-    def _require(self, caller: str, subject: str | None, tenant: str) -> Policy:
-        """The policy, if ``caller`` asks about itself or holds ``audit`` in ``tenant``."""
-        policy = self.policy
-        if policy is None:
-            raise PermissionDeniedError("no policy is in force, so nothing may be reviewed")
-        if caller != subject and not policy.allows_operation(caller, tenant, "audit").allowed:
-            raise PermissionDeniedError(f"{caller} is not granted audit in {tenant}")
-        return policy
+def _caller_of(caller: Caller | None, subject: str | None, tenant: str | None, actor: str | None) -> Caller | None:
+    """The Python API's edge: ``caller`` whole (a verified ``Identity``, say), else one ``Caller``
+    validated here from the loose arguments; None when neither names anyone (the operator)."""
+    if caller is not None:
+        if not isinstance(caller, Caller):
+            raise InvalidRequestError(f"caller must be a Caller, got {type(caller).__name__}")
+        if (subject is not None and subject != caller.subject) or tenant not in (None, caller.tenant) or actor not in (None, caller.actor):
+            raise InvalidRequestError(f"pass the caller whole or as subject/tenant/actor, not both ({caller.subject} in {caller.tenant})")
+        return caller
+    if subject is None:  # the operator; a tenant then only narrows where it acts (forget)
+        if actor is not None:
+            raise InvalidRequestError(f"actor {actor!r} was given without the subject it acts for")
+        return None
+    return Caller(subject=subject, tenant=tenant, actor=actor)  # type: ignore[arg-type] - validated there
 
 
-_DONE = {"search": "returned", "get": "returned", "derive": "derived", "ingest": "ingested", "sync": "re-tagged",
-         "forget": "erased"}  # fmt: skip
+def _required(caller: Caller | None, subject: str | None, tenant: str | None, actor: str | None, operation: Operation) -> Caller:
+    """The caller of an operation that is always someone's (search, get, derive, admin)."""
+    who = _caller_of(caller, subject, tenant, actor)
+    if who is None:
+        raise InvalidRequestError(f"{operation} needs a caller: pass subject and tenant, or caller")
+    return who
+
+
+def _asker(caller: str | Caller | None, subject: str | None, tenant: str | None, actor: str | None) -> Caller:
+    """Who asks a question about access (explain, reviews, the audit): ``caller`` whole, or the
+    subject ``caller`` names (by default ``subject``, asking about itself) in ``tenant``."""
+    if isinstance(caller, Caller):
+        if tenant not in (None, caller.tenant):
+            raise InvalidRequestError(f"{caller.subject} acts in {caller.tenant!r}, not {tenant!r}")
+        return caller
+    name = caller if caller is not None else subject
+    if name is None:
+        raise InvalidRequestError("a question about access needs the caller who asks")
+    return Caller(subject=name, tenant=tenant, actor=actor)  # type: ignore[arg-type] - validated there
+
+
+_DONE = {Operation.SEARCH: "returned", Operation.GET: "returned", Operation.DERIVE: "derived",
+         Operation.INGEST: "ingested", Operation.SYNC: "re-tagged", Operation.FORGET: "erased"}  # fmt: skip
+"""What each operation did to the rows a lineage shows, in its receipts' words."""
 
 
 def _lineage_receipt(receipt: StoredReceipt, touched: set[str]) -> dict[str, Any]:
@@ -791,7 +722,7 @@ def _lineage_receipt(receipt: StoredReceipt, touched: set[str]) -> dict[str, Any
     rows = sorted(set(receipt.chunk_ids) & touched)
     if not receipt.allowed:
         outcome = "refused"
-    elif receipt.operation == "explain":
+    elif receipt.operation == Operation.EXPLAIN:
         visible = receipt.details.get("visible")
         outcome = "explained" if visible is None else f"explained: {'visible' if visible else 'not visible'}"
     else:
@@ -815,14 +746,6 @@ def _asked(item_id: object) -> tuple[str, ...]:
     hold): receipts of explain and of a refused get name it with ``allowed`` saying what came of it."""
     asked = str(item_id)[:256]
     return (asked,) if asked and "\x00" not in asked and asked.isprintable() else ()
-
-
-def _check_actor(actor: str | None) -> None:
-    """Refuse an actor that is not ``agent:NAME`` or ``service:NAME`` before anything runs: the one
-    acting for a subject is a program, never a person or a group."""
-    problem = None if actor is None else actor_problem(actor)
-    if problem:
-        raise InvalidRequestError(problem)
 
 
 def _read_sync_file(path: Path) -> list[dict[str, Any]]:

@@ -1,1 +1,3 @@
-"""Interfaces: the command line and the demo (HTTP and MCP services come later)."""
+"""Interfaces over the face: the command line, the HTTP service, the MCP server and the console.
+
+Nothing here reaches storage but through ``Warehouse``; identity comes from ``credentials``."""

@@ -8,10 +8,9 @@ import time
 import click
 
 from ..config import Settings
+from ..credentials import ApiKeys, api_keys_at
 from ..errors import ConfigurationError
-from ..store import connect
 from .cli_options import common_options
-from .keys import ApiKeys
 
 
 @click.command()
@@ -73,7 +72,7 @@ def apikey() -> None:
 
 
 def _keys(settings: Settings) -> ApiKeys:
-    return ApiKeys(connect(settings.warehouse, settings.storage_options))
+    return api_keys_at(settings.warehouse, settings.storage_options)
 
 
 @apikey.command("create")

@@ -2,7 +2,7 @@
 
 Stateless by design: every durable thing lives in the warehouse, so any number of replicas can
 serve one warehouse and restart one at a time. The caller's identity comes from its credential
-(``api/auth.py``); operations are then authorized by the policy inside the warehouse.
+(``credentials.py``); operations are then authorized by the policy inside the warehouse.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BeforeValidator
 
 from ..config import Settings
+from ..credentials import Authenticator, authenticator_for
 from ..errors import PolicyError
+from ..governance.caller import Identity
+from ..retrieval.manifest import ContextManifest
 from ..warehouse import Warehouse
-from .auth import Authenticator, Identity, authenticator_for
 from .console import mount_console
 from .http_errors import ERROR_RESPONSES, install_error_handlers
 from .http_models import (
@@ -77,7 +79,7 @@ def _caller(request: Request, credentials: Annotated[HTTPAuthorizationCredential
     return authenticator.from_header(header)
 
 
-Caller = Annotated[Identity, Depends(_caller)]
+Verified = Annotated[Identity, Depends(_caller)]
 
 
 def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_mcp: bool = True) -> FastAPI:
@@ -119,7 +121,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
     def readyz() -> Readiness:
         """Readiness: the warehouse answers and a policy is in force (503 otherwise)."""
         policy = warehouse.policy
-        table_version = warehouse.store.chunks.version
+        table_version = warehouse.store.chunks_version
         if policy is None:
             raise PolicyError("no policy is in force: install one (ragwarden policy install) before serving")
         return Readiness(
@@ -127,95 +129,71 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         )
 
     @app.get("/v1/whoami", response_model=IdentityModel, tags=["identity"])
-    def whoami(identity: Caller) -> IdentityModel:
+    def whoami(identity: Verified) -> IdentityModel:
         """Who the credential says the caller is."""
         return IdentityModel(**identity.as_dict())
 
     @app.post("/v1/search", response_model=SearchResponse, tags=["retrieval"])
-    def search(body: SearchRequest, identity: Caller) -> SearchResponse:
+    def search(body: SearchRequest, identity: Verified) -> SearchResponse:
         """The best k chunks the caller may read, with the context manifest of what they are."""
         hits = warehouse.search(
-            body.query,
-            subject=identity.subject,
-            tenant=identity.tenant,
-            k=body.k,
-            mode=body.mode,
-            min_version=body.min_version,
-            actor=identity.actor,
-            purpose=body.purpose,
+            body.query, caller=identity, k=body.k, mode=body.mode, min_version=body.min_version, purpose=body.purpose
         )
-        return SearchResponse(hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(warehouse.manifest(hits)))
+        return SearchResponse(hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(ContextManifest.of(hits)))
 
     @app.get("/v1/chunks/{chunk_id}", response_model=HitModel, tags=["retrieval"])
-    def get_chunk(chunk_id: ChunkId, identity: Caller) -> HitModel:
+    def get_chunk(chunk_id: ChunkId, identity: Verified) -> HitModel:
         """One chunk or derived row; 404 alike whether it is missing or the caller may not see it."""
         return HitModel.of(
-            warehouse.get_chunk(chunk_id, subject=identity.subject, tenant=identity.tenant, actor=identity.actor)
+            warehouse.get_chunk(chunk_id, caller=identity)
         )
 
     @app.get("/v1/chunks/{chunk_id}/explain", response_model=ExplanationModel, tags=["retrieval"])
     def explain(
         chunk_id: ChunkId,
-        identity: Caller,
+        identity: Verified,
         about: Annotated[str | None, Query(max_length=256, description="Whose access to explain (needs audit).")] = None,
     ) -> ExplanationModel:
         """Why the caller (or, for an auditor, ``about``) may or may not read the chunk."""
         return ExplanationModel.of(
-            warehouse.explain(
-                chunk_id,
-                subject=about or identity.subject,
-                tenant=identity.tenant,
-                caller=identity.subject,
-                actor=identity.actor,
-            )
+            warehouse.explain(chunk_id, subject=about or identity.subject, caller=identity)
         )
 
     @app.post("/v1/ingest", response_model=IngestResponse, tags=["lifecycle"])
-    def ingest(body: IngestRequest, identity: Caller) -> IngestResponse:
+    def ingest(body: IngestRequest, identity: Verified) -> IngestResponse:
         """Ingest source records into the caller's tenant (needs ``ingest``)."""
-        report = warehouse.ingest_records(
-            body.records, subject=identity.subject, tenant=identity.tenant, actor=identity.actor
-        )
-        return IngestResponse.of(report, warehouse.store.chunks.version)
+        report = warehouse.ingest_records(body.records, caller=identity)
+        return IngestResponse.of(report, warehouse.store.chunks_version)
 
     @app.post("/v1/derive", response_model=DerivedModel, tags=["lifecycle"])
-    def derive(body: DeriveRequest, identity: Caller) -> DerivedModel:
+    def derive(body: DeriveRequest, identity: Verified) -> DerivedModel:
         """Save a summary or note derived from chunks the caller may read (needs ``derive``)."""
-        row = warehouse.derive(
-            body.text,
-            parents=body.parents,
-            subject=identity.subject,
-            tenant=identity.tenant,
-            kind=body.kind,
-            actor=identity.actor,
-        )
+        row = warehouse.derive(body.text, parents=body.parents, caller=identity, kind=body.kind)
         return DerivedModel.of(row)
 
     @app.post("/v1/sync", response_model=SyncResponse, tags=["lifecycle"])
-    def sync(body: SyncRequest, identity: Caller) -> SyncResponse:
+    def sync(body: SyncRequest, identity: Verified) -> SyncResponse:
         """Apply changed ACLs, labels or classifications to documents and what derives from them (needs ``sync``)."""
         return SyncResponse.of(
-            warehouse.sync(body.records, subject=identity.subject, tenant=identity.tenant, actor=identity.actor)
+            warehouse.sync(body.records, caller=identity)
         )
 
     @app.post("/v1/forget", response_model=ForgetResponse, tags=["lifecycle"])
-    def forget(body: ForgetRequest, identity: Caller) -> ForgetResponse:
+    def forget(body: ForgetRequest, identity: Verified) -> ForgetResponse:
         """Erase a document, or a derived row by its own id, and everything derived from it, old
         versions included (needs ``forget``)."""
         return ForgetResponse.of(
-            warehouse.forget(
-                body.doc_id, reason=body.reason, subject=identity.subject, tenant=identity.tenant, actor=identity.actor
-            )
+            warehouse.forget(body.doc_id, reason=body.reason, caller=identity)
         )
 
     @app.get("/v1/lineage/{item_id:path}", response_model=LineageModel, tags=["audit"])  # ids of files hold '/'
-    def lineage(item_id: ItemId, identity: Caller) -> LineageModel:
+    def lineage(item_id: ItemId, identity: Verified) -> LineageModel:
         """A document's or row's lineage and the receipts that returned it (needs ``audit``)."""
-        return LineageModel.model_validate(warehouse.lineage(item_id, caller=identity.subject, tenant=identity.tenant))
+        return LineageModel.model_validate(warehouse.lineage(item_id, caller=identity))
 
     @app.get("/v1/audit/receipts", response_model=list[ReceiptModel], tags=["audit"])
     def receipts(
-        identity: Caller,
+        identity: Verified,
         subject: Annotated[str | None, Query(max_length=256)] = None,
         label: Annotated[str | None, Query(max_length=256)] = None,
         doc_id: Annotated[str | None, Query(max_length=MAX_ID_CHARS)] = None,
@@ -227,8 +205,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
     ) -> list[ReceiptModel]:
         """The caller's tenant's receipts, newest first, filtered (needs ``audit``)."""
         found = warehouse.receipts(
-            caller=identity.subject,
-            tenant=identity.tenant,
+            caller=identity,
             subject=subject,
             label=label,
             doc_id=doc_id,
@@ -242,33 +219,31 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
 
     @app.get("/v1/audit/access-review", response_model=AccessReviewModel, tags=["audit"])
     def review(
-        identity: Caller,
+        identity: Verified,
         subject: Annotated[str | None, Query(max_length=256, description="Whose access (default: the caller; another needs audit).")] = None,
     ) -> AccessReviewModel:
         """What a subject can read in the caller's tenant, by source, label and classification."""
         return AccessReviewModel.of(
-            warehouse.access_review(subject=subject or identity.subject, tenant=identity.tenant, caller=identity.subject)
+            warehouse.access_review(subject=subject or identity.subject, caller=identity)
         )
 
     @app.get("/v1/audit/inventory", response_model=InventoryModel, tags=["audit"])
-    def inventory(identity: Caller, label: Annotated[str, Query(min_length=1, max_length=256)]) -> InventoryModel:
+    def inventory(identity: Verified, label: Annotated[str, Query(min_length=1, max_length=256)]) -> InventoryModel:
         """Every row carrying ``label`` in the caller's tenant, grouped by source document (needs ``audit``)."""
-        found = warehouse.inventory(label=label, tenant=identity.tenant, caller=identity.subject)
+        found = warehouse.inventory(label=label, caller=identity)
         return InventoryModel(label=label, tenant=identity.tenant, sources=found)
 
     @app.get("/v1/audit/verify", response_model=ChainModel, tags=["audit"])
-    def verify(identity: Caller) -> ChainModel:
+    def verify(identity: Verified) -> ChainModel:
         """Verify the whole receipt chain; record the head elsewhere to detect a truncated tail (needs ``audit``)."""
-        report = warehouse.verify_audit(caller=identity.subject, tenant=identity.tenant)
+        report = warehouse.verify_audit(caller=identity)
         seq, head = warehouse.audit.head()
         return ChainModel(ok=report.ok, receipts=report.receipts, problems=list(report.problems), head_seq=seq, head_hash=head)
 
     @app.put("/v1/policy", response_model=PolicyResponse, tags=["admin"])
-    def install_policy(body: PolicyRequest, identity: Caller) -> PolicyResponse:
+    def install_policy(body: PolicyRequest, identity: Verified) -> PolicyResponse:
         """Install a new policy (needs ``admin`` in every tenant the old or new policy names)."""
-        policy = warehouse.install_policy_text(
-            body.text, subject=identity.subject, tenant=identity.tenant, actor=identity.actor
-        )
+        policy = warehouse.install_policy_text(body.text, caller=identity)
         return PolicyResponse(version=policy.version, rules=len(policy.rules), tenants=sorted(policy.tenants))
 
     mount_console(app)

@@ -1,4 +1,5 @@
-"""The one place that maps ragwarden's exceptions to HTTP statuses and stable error codes.
+"""How the HTTP service answers an error: each ragwarden error with the status and code its class
+carries (``ragwarden.errors``), and the framework's own errors in the same shape.
 
 Every error answer is ``{"error": {"code": ..., "message": ...}}``: the message says what was
 wrong and what to do, never a stack trace. A chunk the caller may not see is ``404`` exactly as a
@@ -16,35 +17,17 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import (
-    AuthenticationError,
-    ConfigurationError,
-    InvalidRequestError,
-    InvalidSourceError,
-    NotFoundError,
-    PayloadTooLargeError,
-    PermissionDeniedError,
-    PolicyError,
-    RagwardenError,
-    WarehouseError,
-)
+from ..errors import RagwardenError
 
 log = logging.getLogger(__name__)
 
-# Most specific first: the first class an error is an instance of decides.
-STATUS: tuple[tuple[type[RagwardenError], int, str], ...] = (
-    (AuthenticationError, 401, "unauthenticated"),
-    (PermissionDeniedError, 403, "forbidden"),
-    (NotFoundError, 404, "not_found"),
-    (PayloadTooLargeError, 413, "payload_too_large"),
-    (InvalidRequestError, 422, "invalid_request"),
-    (InvalidSourceError, 422, "invalid_source"),
-    (PolicyError, 503, "policy_unavailable"),
-    (WarehouseError, 503, "warehouse_unavailable"),
-    (ConfigurationError, 500, "misconfigured"),
-    (RagwardenError, 500, "internal"),
-)
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 406: "not_acceptable", 415: "unsupported_media_type"}
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    415: "unsupported_media_type",
+}
 
 
 class ErrorDetail(BaseModel):
@@ -67,26 +50,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def status_of(exc: RagwardenError) -> tuple[int, str]:
-    return next((status, code) for cls, status, code in STATUS if isinstance(exc, cls))
-
-
-def error_of(code: str, message: str) -> RagwardenError:
-    """The error a client raises for an answer's error ``code``: the class the service mapped to it
-    (a refused source record reads as an invalid request; an unknown code as a plain ``RagwardenError``)."""
-    if code == "invalid_source":
-        return InvalidRequestError(message)
-    return next((cls for cls, _, known in STATUS if known == code), RagwardenError)(message)
-
-
-def error_of_status(status: int, message: str) -> RagwardenError:
-    """The error a client raises for an answer that carries no error code (from a proxy, say): the
-    class the service maps to that client-error status, and for any other status ``WarehouseError``
-    (the service is not answering as itself)."""
-    code = next((code for _, known, code in STATUS if known == status and status < 500), None)
-    return error_of(code, message) if code is not None else WarehouseError(message)
-
-
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Bearer realm="ragwarden"'} if status == 401 else None
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
@@ -105,7 +68,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RagwardenError)
     async def ragwarden_error(_: Request, exc: RagwardenError) -> JSONResponse:
-        status, code = status_of(exc)
+        status, code = exc.status, exc.code
         if status >= 500:
             log.error("request failed: %s", exc, exc_info=exc)
         return error_response(status, code, str(exc))

@@ -38,16 +38,15 @@ from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
 from ..config import Settings
+from ..credentials import Authenticator, api_keys_at, authenticator_for
 from ..errors import AuthenticationError, ConfigurationError, RagwardenError
+from ..governance.caller import Identity
 from ..ingest.lifecycle import MAX_DERIVED_CHARS
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
 from ..retrieval.search import MAX_K, MAX_QUERY_CHARS, Mode
-from ..store import connect
 from ..warehouse import Warehouse
-from .auth import Authenticator, Identity, authenticator_for
 from .http_models import MAX_ID_CHARS, MAX_PARENTS, DerivedModel, ExplanationModel, HitModel, Level, ManifestModel
-from .keys import ApiKeys
 
 T = TypeVar("T")
 SERVER_NAME = "ragwarden"
@@ -309,13 +308,11 @@ def build_mcp_server(
         """The best k chunks the calling user may read, with their labels and classification."""
         who, handle = await begin(ctx, session_id)
         hits = await run(
-            lambda: warehouse.search(
-                query, subject=who.subject, tenant=who.tenant, k=k, mode=mode, actor=who.actor, purpose=purpose
-            )
+            lambda: warehouse.search(query, caller=who, k=k, mode=mode, purpose=purpose)
         )
         return SearchResult(
             hits=[HitModel.of(h) for h in hits],
-            manifest=ManifestModel.of(warehouse.manifest(hits)),
+            manifest=ManifestModel.of(ContextManifest.of(hits)),
             session=report(who, handle, hits),
         )
 
@@ -323,7 +320,7 @@ def build_mcp_server(
     async def get_chunk(chunk_id: ChunkId, ctx: Context, session_id: SessionArg = None) -> ChunkResult:
         """One chunk or saved note by id; 'not found' alike whether it is missing or not the user's to read."""
         who, handle = await begin(ctx, session_id)
-        hit = await run(lambda: warehouse.get_chunk(chunk_id, subject=who.subject, tenant=who.tenant, actor=who.actor))
+        hit = await run(lambda: warehouse.get_chunk(chunk_id, caller=who))
         return ChunkResult(chunk=HitModel.of(hit), session=report(who, handle, [hit]))
 
     @server.tool(title="Explain access to a chunk")
@@ -333,9 +330,7 @@ def build_mcp_server(
         who = await run(caller)
         return ExplanationModel.of(
             await run(
-                lambda: warehouse.explain(
-                    chunk_id, subject=who.subject, tenant=who.tenant, caller=who.subject, actor=who.actor
-                )
+                lambda: warehouse.explain(chunk_id, subject=who.subject, caller=who)
             )
         )
 
@@ -352,9 +347,7 @@ def build_mcp_server(
         who = await run(caller)
         return DerivedModel.of(
             await run(
-                lambda: warehouse.derive(
-                    text, parents=parents, subject=who.subject, tenant=who.tenant, kind=kind, actor=who.actor
-                )
+                lambda: warehouse.derive(text, parents=parents, caller=who, kind=kind)
             )
         )
 
@@ -373,7 +366,7 @@ def run_stdio(settings: Settings) -> None:
             "set RAGWARDEN_TOKEN to the token or API key of the user this MCP server acts for; "
             "over stdio it serves no one without it"
         )
-    _verified(Authenticator(settings.auth, ApiKeys(connect(settings.warehouse, settings.storage_options))), credential)
+    _verified(Authenticator(settings.auth, api_keys_at(settings.warehouse, settings.storage_options)), credential)
     warehouse = Warehouse(settings)
     authenticator = authenticator_for(warehouse)
     identity = _verified(authenticator, credential)

@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from ..config import Settings
 from ..embedder import Embedder
+from ..governance.caller import Caller
 from ..warehouse import Warehouse
 from . import scifact
 from .peer_data import row_index
@@ -64,9 +65,8 @@ def text_world(size: int, folder: Path, data: Path) -> World:
     ready = folder / "READY"
     if not ready.exists():
         store = write_warehouse(world, folder)
-        schema = pa.schema([store.chunks.schema.field(name) for name in ("chunk_id", "text")])
-        texts = pa.table({"chunk_id": world.rows.ids, "text": chunk_texts(data, size)}, schema=schema)
-        store.chunks.merge_insert("chunk_id").when_matched_update_all().execute(texts)
+        schema = pa.schema([store.chunks_schema.field(name) for name in ("chunk_id", "text")])
+        store.replace_columns(pa.table({"chunk_id": world.rows.ids, "text": chunk_texts(data, size)}, schema=schema))
         store.optimize()
         ready.write_text("built\n", encoding="utf-8")
     return world
@@ -96,8 +96,10 @@ def measure_cell(
     cold = _ms(user, queries[0])
     e2e = [_ms(user, query) for query in queries]
 
+    caller = Caller(subject=subject, tenant=TENANT)
+
     def inner_search(query: str, vector: np.ndarray) -> None:
-        searcher.search(query, policy=policy, subject=subject, tenant=TENANT, k=K, mode=mode, vector=vector)
+        searcher.search(query, policy=policy, caller=caller, k=K, mode=mode, vector=vector)
 
     inner = [_ms(inner_search, query, vector) for query, vector in zip(queries, vectors, strict=True)]
     return {

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from ragwarden.config import Settings
+from ragwarden.governance.caller import Caller as WarehouseCaller
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.visibility import check_row
-from ragwarden.indexing import has_vector_index
 from ragwarden.retrieval.hits import Hit
 from ragwarden.retrieval.search import INDEX_NPROBES, INDEX_REFINE_FACTOR, RESULT_COLUMNS, Searcher
 from ragwarden.warehouse import Warehouse
@@ -128,10 +128,11 @@ class RagwardenSystems:
         """Compiled prefilter, planned search, post-check: the search of ``Warehouse.search``
         without its audit receipt, whose cost the stage breakdown reports on its own."""
         searcher = searcher or self.searcher
+        caller = WarehouseCaller(subject=subject, tenant=TENANT)
 
         def search(q: np.ndarray) -> list[str]:
-            hits, _ = searcher.search("benchmark query", policy=self.policy, subject=subject, tenant=TENANT, k=K, vector=q)
-            return [h.chunk_id for h in hits]
+            found = searcher.search("benchmark query", policy=self.policy, caller=caller, k=K, vector=q)
+            return [h.chunk_id for h in found.hits]
 
         return search
 
@@ -140,11 +141,9 @@ class RagwardenSystems:
         return Searcher(self.store, None, flat_max_rows=10**12 if plan == "flat" else -1)  # type: ignore[arg-type]
 
     def _unfiltered(self, q: np.ndarray, limit: int, columns: list[str]) -> list[dict[str, Any]]:
-        builder = self.store.chunks.search(q, vector_column_name="vector").distance_type("cosine")
-        builder = builder.select([*columns, "_distance"]).limit(limit)
-        if has_vector_index(self.store.chunks):
-            builder = builder.nprobes(INDEX_NPROBES).refine_factor(INDEX_REFINE_FACTOR)
-        return builder.to_list()
+        indexed = self.store.has_vector_index()
+        return self.store.nearest(q, where=None, limit=limit, columns=columns, exact=not indexed,
+                                  nprobes=INDEX_NPROBES, refine_factor=INDEX_REFINE_FACTOR)  # fmt: skip
 
     def unfiltered(self) -> Callable[[np.ndarray], list[str]]:
         """The same columns a governed search returns (a RAG caller needs the text), no filter."""
@@ -172,15 +171,16 @@ class RagwardenSystems:
         }  # fmt: skip
         from ragwarden.governance.audit import Receipt
 
+        view = self.searcher.view(self.policy, WarehouseCaller(subject=subject, tenant=TENANT))
         for q in qs:
             t0 = time.perf_counter()
             registries = self.store.registries()
             t1 = time.perf_counter()
-            where = self.searcher.prefilter(self.policy, subject, TENANT, registries)
+            where = self.searcher.prefilter(view, registries)
             t2 = time.perf_counter()
             ranked, version = self.searcher.rank("q", q, where, K, "vector")
             t3 = time.perf_counter()
-            admitted, _ = self.searcher.admitted(ranked, self.policy, subject, TENANT, registries.clauses)
+            admitted, _ = self.searcher.admitted(ranked, view, registries.clauses)
             t4 = time.perf_counter()
             hits = [Hit.of_row(row, score=score, reason=reason, table_version=version, policy_version=self.policy.version)
                     for row, score, reason in admitted]  # fmt: skip
@@ -257,7 +257,7 @@ def run_world(
         gc.collect()
 
     run_system("ragwarden", lambda s, c, m: rw.governed(s))
-    if has_vector_index(rw.store.chunks):
+    if rw.store.has_vector_index():
         for plan in ("flat", "index"):
             searcher = rw.forced(plan)
             run_system(f"ragwarden {plan} only", lambda s, c, m, searcher=searcher: rw.governed(s, searcher))
@@ -330,7 +330,7 @@ def appended_rows_found(rw: RagwardenSystems, world: World) -> dict[str, Any]:
         found += bool(hits) and hits[0].chunk_id == chunk_id
         leaked += any(h.chunk_id.startswith("appended-") for h in
                       rw.warehouse.search("appended", subject=outsider, tenant=TENANT, k=K, vector=vector))  # fmt: skip
-    return {"appended": count, "found_first": found, "leaked": leaked, "indexed": has_vector_index(rw.store.chunks)}
+    return {"appended": count, "found_first": found, "leaked": leaked, "indexed": rw.store.has_vector_index()}
 
 
 def compile_times(lines_list: tuple[int, ...] = (1_000, 10_000, 100_000)) -> dict[str, dict[str, float]]:

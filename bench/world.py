@@ -18,8 +18,7 @@ import pyarrow as pa
 
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.tags import Classification, clause_token
-from ragwarden.schema import chunks_schema
-from ragwarden.store import Store
+from ragwarden.state import Store, chunks_schema
 
 from .peer_data import BenchRows, Caller
 
@@ -252,4 +251,4 @@ def append_rows(store: Store, rows: BenchRows, *, register_labels: bool = True) 
             "embedding_model": ["synthetic"] * len(ids),
             "created_at": [now] * len(ids),
         }
-        store.chunks.add(pa.table(columns, schema=schema))
+        store.load_rows(pa.table(columns, schema=schema))

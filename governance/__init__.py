@@ -1,5 +1,7 @@
-"""Governance: tags, the propagation rule, the policy engine and its compilation to a filter.
+"""Governance: the rules, readable and testable alone.
 
-This subpackage imports nothing else of ragwarden but its errors, so the rules can be read
-and tested alone.
+Tags, the propagation rule, the policy engine and its compilation to a filter, callers and
+operations, receipts and their hash chain, and lineage events. Nothing here touches storage: it
+imports ragwarden's errors and packaged policy files only (the audit log is handed the table it
+writes).
 """

@@ -1,21 +1,16 @@
 """Audit receipts: an append-only, hash-chained log of every retrieval and policy decision.
 
-Each receipt is one row of the LanceDB table ``audit``. It carries a sequence number ``seq``
-(1, 2, 3, ...), the hash of the receipt before it (``prev_hash``; 64 zeros for the first) and its
-own ``hash``: sha256 -- or HMAC-sha256 when the log is given a key -- over a canonical JSON of
-every other column. Receipts keep ids, labels, counts and hashes; never chunk text, and the raw
+Each receipt is one row of the warehouse's ``audit`` table (``state.AuditTable`` stores them;
+this module computes the chain). It carries a sequence number ``seq`` (1, 2, 3, ...), the hash of
+the receipt before it (``prev_hash``; 64 zeros for the first) and its own ``hash``: sha256 -- or
+HMAC-sha256 when the log is given a key -- over a canonical JSON of every other field of the
+receipt (``_CHAINED``). Receipts keep ids, labels, counts and hashes; never chunk text, and the raw
 query only when the caller passes it.
 
 Several processes may append at once, on a local folder or on object storage alike, without file
 locks. A writer reads the head (the highest ``seq`` and its hash), builds receipt ``seq + 1`` on
-it and commits with ``merge_insert("seq").when_not_matched_insert_all()``. ``seq`` is declared
-the table's unenforced primary key, which makes Lance record the inserted keys in the commit and
-treat two concurrent commits inserting the same ``seq`` as a conflict: the later one is
-re-planned against the latest version, finds the key taken and inserts nothing. The writer then
-re-reads the head and tries again (bounded). Without that declaration lancedb 0.40 lets both
-commits through and the log gets duplicate ``seq`` values (seen in a probe: 60 appends by three
-processes gave 45 distinct ``seq``); with it the same run gives 60 in a row. Do not build a scalar
-index on ``seq``: Lance's indexed merge route does not record the inserted keys.
+it and inserts it only if ``seq`` is still free: the table refuses a second insert of one ``seq``,
+even by a concurrent commit. The writer then re-reads the head and tries again (bounded).
 
 What the chain proves, and what it does not:
 
@@ -28,11 +23,10 @@ What the chain proves, and what it does not:
   table can tell that the tail is gone. Record ``head()`` somewhere else from time to time
   (a ticket, a log shipper, another store) and compare it with the log to detect truncation.
 
-Open the connection with ``read_consistency_interval=timedelta(0)`` so the head is read from the
-latest commit; a stale handle only costs retries. Each receipt lands as a small data file and
-reading the head scans them all, so the writer of every ``compact_every``-th receipt merges them
-(compaction commutes with concurrent appends). Each attempt that loses a race still commits an
-empty table version: prune old versions with the warehouse's usual ``optimize``.
+Each receipt lands as a small data file and reading the head scans them all, so the writer of
+every ``compact_every``-th receipt merges them (compaction commutes with concurrent appends). Each
+attempt that loses a race still commits an empty table version: the warehouse's ``optimize``
+prunes old versions of the log.
 """
 
 from __future__ import annotations
@@ -45,43 +39,33 @@ import random
 import re
 import time as _time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import pyarrow as pa
-
-from ..commit_retry import is_commit_conflict
 from ..errors import ConfigurationError, InvalidRequestError, WarehouseError
+from .operations import ALL_OPERATIONS
 from .sql import sql_list, sql_string
-
-if TYPE_CHECKING:
-    import lancedb
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "AUDIT",
-    "AUDIT_SCHEMA",
     "GENESIS_HASH",
     "KINDS",
-    "OPERATIONS",
     "AuditLog",
     "ChainReport",
     "Receipt",
+    "ReceiptTable",
     "StoredReceipt",
     "fingerprint",
 ]
 
-AUDIT = "audit"
 GENESIS_HASH = "0" * 64
 KINDS = frozenset({"retrieval", "decision"})
-OPERATIONS = frozenset({"search", "get", "ingest", "derive", "sync", "forget", "explain", "audit", "admin"})
+OPERATIONS = ALL_OPERATIONS
 
-_PRIMARY_KEY = b"lance-schema:unenforced-primary-key"
-_KEY_CHECK = b"ragwarden.audit.key_check"
 _HASH_DOMAIN = b"ragwarden.audit.v1\n"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -90,35 +74,18 @@ _MAX_ATTEMPTS = 100
 _MAX_BACKOFF_S = 0.05
 COMPACT_EVERY = 200
 
-_strings = pa.list_(pa.string())
 
-AUDIT_SCHEMA = pa.schema(
-    [
-        pa.field("seq", pa.int64(), nullable=False, metadata={_PRIMARY_KEY: b"true"}),
-        pa.field("receipt_id", pa.string(), nullable=False),
-        pa.field("time", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("operation", pa.string(), nullable=False),
-        pa.field("subject", pa.string(), nullable=False),
-        pa.field("actor", pa.string()),
-        pa.field("tenant", pa.string(), nullable=False),
-        pa.field("purpose", pa.string()),
-        pa.field("query_fingerprint", pa.string()),
-        pa.field("query", pa.string()),
-        pa.field("chunk_ids", _strings, nullable=False),
-        pa.field("doc_ids", _strings, nullable=False),
-        pa.field("labels", _strings, nullable=False),
-        pa.field("chunk_labels", pa.string(), nullable=False),
-        pa.field("withheld", pa.int32(), nullable=False),
-        pa.field("allowed", pa.bool_(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("policy_version", pa.string()),
-        pa.field("table_version", pa.int64()),
-        pa.field("details", pa.string(), nullable=False),
-        pa.field("prev_hash", pa.string(), nullable=False),
-        pa.field("hash", pa.string(), nullable=False),
-    ]
-)
+class ReceiptTable(Protocol):
+    """Where the log's rows live (``state.AuditTable``): the chain is computed here, stored there."""
+
+    def recorded_key_check(self) -> str | None: ...
+    def schema_intact(self) -> bool: ...
+    def count(self) -> int: ...
+    def head(self, floor: int = 0) -> tuple[int, str] | None: ...
+    def insert_if_free(self, row: Mapping[str, Any]) -> bool: ...
+    def rows(self, where: str | None = None) -> list[dict[str, Any]]: ...
+    def all_rows(self) -> list[dict[str, Any]]: ...
+    def compact(self) -> None: ...
 
 
 def fingerprint(query: str) -> str:
@@ -274,13 +241,14 @@ def _micros(moment: datetime) -> int:
     return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
+_CHAINED = (*_RECEIPT_FIELDS, "labels", "seq", "receipt_id", "time", "prev_hash")
+"""What a receipt's hash covers: every field of the receipt as stored, but the hash itself."""
+
+
 def _hash_payload(row: Mapping[str, Any]) -> bytes:
-    """Canonical bytes of every column but ``hash``; ``time`` as integer microseconds (UTC)."""
+    """Canonical bytes of the ``_CHAINED`` fields; ``time`` as integer microseconds (UTC)."""
     payload = {}
-    for schema_field in AUDIT_SCHEMA:
-        name = schema_field.name
-        if name == "hash":
-            continue
+    for name in _CHAINED:
         value = row[name]
         if name == "time":
             value = _micros(value)
@@ -313,8 +281,14 @@ class AuditLog:
     """
 
     def __init__(
-        self, db: lancedb.DBConnection | Any, *, key: bytes | None = None, compact_every: int | None = COMPACT_EVERY
+        self,
+        table_for: Callable[[str], ReceiptTable],
+        *,
+        key: bytes | None = None,
+        compact_every: int | None = COMPACT_EVERY,
     ) -> None:
+        """``table_for(key_check)`` opens the receipts' table, recording ``key_check`` (a check
+        value of ``key``) if it creates it (``state.Store.audit_table``)."""
         if key is not None and (not isinstance(key, bytes) or not key):
             raise ConfigurationError("the audit HMAC key must be non-empty bytes")
         if compact_every is not None and (not isinstance(compact_every, int) or compact_every < 1):
@@ -324,46 +298,13 @@ class AuditLog:
         self._key_check = (
             hmac.new(key, b"ragwarden audit key check", hashlib.sha256).hexdigest() if key is not None else "none"
         )
-        self._table = db if hasattr(db, "merge_insert") else self._open(db)
-        self._check_schema()
+        self._table = table_for(self._key_check)
         self._key_problem_at_open = self._key_problem()  # the key check never changes legitimately
         self._head: tuple[int, str] = (0, GENESIS_HASH)
         self.lost_races = 0  # appends that found their seq taken and retried (for monitoring)
 
-    # -- opening --------------------------------------------------------------------------
-
-    def _open(self, db: Any) -> Any:
-        schema = AUDIT_SCHEMA.with_metadata({_KEY_CHECK: self._key_check.encode()})
-        try:
-            return db.open_table(AUDIT)
-        except Exception:
-            pass
-        try:
-            return db.create_table(AUDIT, schema=schema)
-        except Exception as create_error:
-            try:  # another process created it first
-                return db.open_table(AUDIT)
-            except Exception:
-                raise WarehouseError(f"the audit table cannot be opened or created: {create_error}") from create_error
-
-    def _check_schema(self) -> None:
-        schema = self._table.schema
-        if not schema.equals(AUDIT_SCHEMA, check_metadata=False):
-            raise WarehouseError(
-                f"the audit table has schema {schema}, expected {AUDIT_SCHEMA}; "
-                "it was written by another version of ragwarden"
-            )
-        seq_metadata = schema.field("seq").metadata or {}
-        if seq_metadata.get(_PRIMARY_KEY) != b"true" and _PRIMARY_KEY + b":position" not in seq_metadata:
-            # Without it concurrent appends can duplicate a seq (see the module docstring).
-            self._table.set_unenforced_primary_key("seq")
-
-    def _recorded_key_check(self) -> str | None:
-        value = (self._table.schema.metadata or {}).get(_KEY_CHECK)
-        return value.decode() if value is not None else None
-
     def _key_problem(self) -> str | None:
-        recorded = self._recorded_key_check()
+        recorded = self._table.recorded_key_check()
         if recorded is None or recorded == self._key_check:
             return None
         if recorded == "none":
@@ -384,8 +325,7 @@ class AuditLog:
 
     def compact(self) -> None:
         """Merge the receipts' small data files, so reading the head stays fast; rows are unchanged."""
-        self._table.to_lance().optimize.compact_files()
-        self._table.checkout_latest()
+        self._table.compact()
 
     def _compact_quietly(self) -> None:
         # The receipt is already committed: a failed compaction (say, a race with another
@@ -400,16 +340,9 @@ class AuditLog:
     def _read_head(self) -> tuple[int, str]:
         """The highest seq and its hash, from the latest commit; (0, genesis) when empty."""
         for floor in (self._head[0], 0):
-            found = (
-                self._table.search()
-                .where(f"seq >= {int(floor)}")
-                .select(["seq", "hash"])
-                .limit(None)
-                .to_arrow()
-            )
-            if found.num_rows:
-                top = found.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
-                return top["seq"], top["hash"]
+            found = self._table.head(floor)
+            if found is not None:
+                return found
             if floor == 0:
                 break
         return 0, GENESIS_HASH
@@ -439,25 +372,18 @@ class AuditLog:
                 "prev_hash": head_hash,
             }
             row["hash"] = self._hash(row)
-            data = pa.Table.from_pylist([row], schema=AUDIT_SCHEMA)
-            try:
-                result = self._table.merge_insert("seq").when_not_matched_insert_all().execute(data)
-            except Exception as exc:
-                if not is_commit_conflict(exc):
-                    raise WarehouseError(f"the audit receipt could not be written: {exc}") from exc
-            else:
-                if result.num_inserted_rows == 1:
-                    self._head = (row["seq"], row["hash"])
-                    if self._compact_every and row["seq"] % self._compact_every == 0:
-                        self._compact_quietly()
-                    return StoredReceipt(
-                        **{name: getattr(receipt, name) for name in _RECEIPT_FIELDS},
-                        seq=row["seq"],
-                        receipt_id=row["receipt_id"],
-                        time=row["time"],
-                        prev_hash=row["prev_hash"],
-                        hash=row["hash"],
-                    )
+            if self._table.insert_if_free(row):
+                self._head = (row["seq"], row["hash"])
+                if self._compact_every and row["seq"] % self._compact_every == 0:
+                    self._compact_quietly()
+                return StoredReceipt(
+                    **{name: getattr(receipt, name) for name in _RECEIPT_FIELDS},
+                    seq=row["seq"],
+                    receipt_id=row["receipt_id"],
+                    time=row["time"],
+                    prev_hash=row["prev_hash"],
+                    hash=row["hash"],
+                )
             self.lost_races += 1
             _time.sleep(random.uniform(0, min(_MAX_BACKOFF_S, 0.001 * 2**attempt)))
         raise WarehouseError(
@@ -475,11 +401,10 @@ class AuditLog:
         key_problem = self._key_problem()
         if key_problem:
             problems.append(f"table: {key_problem}")
-        schema = self._table.schema
-        if not schema.equals(AUDIT_SCHEMA, check_metadata=False):
+        if not self._table.schema_intact():
             problems.append("table: the audit table's schema was changed")
-            return ChainReport(ok=False, receipts=self._table.count_rows(), problems=tuple(problems))
-        rows = self._table.to_arrow().sort_by([("seq", "ascending")]).to_pylist()
+            return ChainReport(ok=False, receipts=self._table.count(), problems=tuple(problems))
+        rows = self._table.all_rows()
         expected_seq, expected_prev, prev_seq = 1, GENESIS_HASH, None
         for row in rows:
             seq = row["seq"]
@@ -554,14 +479,10 @@ class AuditLog:
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
             raise InvalidRequestError(f"audit query limit must be a non-negative int, got {limit!r}")
 
-        search = self._table.search()
-        if clauses:
-            search = search.where(" AND ".join(f"({clause})" for clause in clauses))
-        found = search.limit(None).to_arrow()
-        found = found.sort_by([("seq", "descending")])
+        found = self._table.rows(" AND ".join(f"({clause})" for clause in clauses) or None)
         if limit is not None:
-            found = found.slice(0, limit)
-        return [self._stored(row) for row in found.to_pylist()]
+            found = found[:limit]
+        return [self._stored(row) for row in found]
 
     @staticmethod
     def _stored(row: Mapping[str, Any]) -> StoredReceipt:

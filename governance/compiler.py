@@ -6,17 +6,20 @@ that a NULL or missing value fails it: a row that cannot be evaluated never pass
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from .policy import Policy
+from .policy import Decision, Policy
 from .sql import sql_list, sql_string
 from .tags import Classification
+from .visibility import check_row
 
 
 @dataclass(frozen=True, kw_only=True)
 class SubjectView:
-    """What the policy grants one subject in one tenant, at one policy version."""
+    """What the policy grants one subject in one tenant, at one policy version; ``policy`` is that
+    policy, so the view is all a search needs to decide rows for its caller."""
 
     subject: str
     tenant: str
@@ -24,10 +27,12 @@ class SubjectView:
     principals: frozenset[str]
     cleared_labels: frozenset[str]
     clearance: Classification | None  # None: nothing is readable, not even public rows
+    policy: Policy = field(compare=False, repr=False)
 
     @classmethod
     def of(cls, policy: Policy, subject: str, tenant: str) -> SubjectView:
         return cls(
+            policy=policy,
             subject=subject,
             tenant=tenant,
             policy_version=policy.version,
@@ -35,6 +40,10 @@ class SubjectView:
             cleared_labels=policy.cleared_labels(subject, tenant),
             clearance=policy.clearance(subject, tenant),
         )
+
+    def check(self, row: Mapping[str, Any], clauses: Mapping[str, Sequence[str]]) -> Decision:
+        """The enforcer's decision on one row for this subject (``visibility.check_row``)."""
+        return check_row(self.policy, self.subject, self.tenant, row, clauses)
 
     def satisfied_clauses(self, clauses: Mapping[str, Iterable[str]]) -> frozenset[str]:
         """The clause tokens (token -> principals) this subject satisfies."""

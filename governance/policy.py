@@ -28,9 +28,10 @@ from casbin.rbac import RoleManager
 
 from ..errors import InvalidPolicyError, PolicyError
 from ..policies import policy_file
+from .operations import GRANTED_OPERATIONS
 from .tags import EVERYONE, Classification, label_problem, principal_problem, tenant_problem
 
-OPERATIONS = frozenset({"ingest", "derive", "sync", "forget", "explain", "audit", "admin"})
+OPERATIONS = GRANTED_OPERATIONS
 EFFECTS = frozenset({"allow", "deny"})
 # Casbin's default hierarchy limit (10) resolves chains of at most 9 memberships; deeper ones
 # would be silently denied, so they are refused when the policy is loaded.
@@ -440,6 +441,12 @@ class Policy:
         except UnicodeDecodeError as exc:
             raise PolicyError(f"policy file {str(path)!r} is not valid UTF-8 ({exc.reason})") from None
         return cls.from_text(text, source=str(path))
+
+    @property
+    def stored_text(self) -> str:
+        """What the warehouse keeps of this policy: the text it was written as (comments and all),
+        else its canonical CSV."""
+        return self.source_text if self.source_text is not None else self.text
 
     @property
     def text(self) -> str:

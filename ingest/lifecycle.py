@@ -16,12 +16,10 @@ from typing import Any
 
 from ..embedder import Embedder
 from ..errors import InvalidRequestError, InvalidSourceError, NotFoundError
-from ..governance.policy import Policy
+from ..governance.compiler import SubjectView
 from ..governance.propagation import propagate
 from ..governance.tags import GovernanceTags
-from ..governance.visibility import check_row
-from ..snapshot import ChunksSnapshot, ChunkWrite
-from ..store import DocumentKey, Store
+from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
 from .records import MAX_ID_LENGTH, RECORD_FIELDS, parse_tags
 
 DERIVED_KINDS = ("summary", "note", "memory")
@@ -116,15 +114,14 @@ class Lifecycle:
         text: str,
         *,
         parents: Sequence[str],
-        policy: Policy | None,
-        subject: str,
-        tenant: str,
+        reader: SubjectView | None,
         kind: str = "summary",
         run_id: str | None = None,
     ) -> DerivedRow:
         """Write ``text`` as a row derived from ``parents``, tagged by the propagation rule.
 
-        A parent the caller may not read is refused exactly as a missing one is.
+        ``reader`` is what the policy lets the caller read (None: no policy, nothing). A parent the
+        caller may not read is refused exactly as a missing one is.
         """
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequestError("text is empty; pass the summary or note to save")
@@ -143,7 +140,7 @@ class Lifecycle:
             registry = self.store.clause_registry()
             for parent in parents:
                 row = rows.get(parent)
-                if policy is None or row is None or not check_row(policy, subject, tenant, row, registry).allowed:
+                if reader is None or row is None or not reader.check(row, registry).allowed:
                     raise NotFoundError(f"chunk {parent!r} not found")
             tags = propagate([GovernanceTags.from_row(rows[p], registry) for p in wanted])
             self.store.register_clauses(tags.clauses_by_token)

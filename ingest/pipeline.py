@@ -13,7 +13,7 @@ from typing import Protocol
 from tqdm import tqdm
 
 from ..embedder import Embedder
-from ..store import Store
+from ..state import Store
 from .files import iter_file_sources
 from .records import Outcome, Rejected, Skipped, SourceRecord, read_jsonl
 from .writer import BatchResult, DocumentWriter

@@ -15,8 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..embedder import Embedder
-from ..snapshot import ChunksSnapshot, ChunkWrite
-from ..store import DocumentKey, Store
+from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
 from .records import SourceRecord, document_version

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from ..api.auth import Identity, authenticator_for
-from ..api.http_errors import error_of, error_of_status
-from ..errors import ConfigurationError, WarehouseError
+from ..credentials import authenticator_for
+from ..errors import ConfigurationError, WarehouseError, error_of, error_of_status
+from ..governance.caller import Identity
 from ..retrieval.search import Mode
 from ..warehouse import Warehouse
 
@@ -80,7 +80,11 @@ class OverHttp:
         body = {"query": query, "k": k, "mode": self.options.mode}
         if self.options.purpose is not None:
             body["purpose"] = self.options.purpose
-        return {"url": self.url.rstrip("/") + SEARCH_PATH, "json": body, "headers": {"Authorization": f"Bearer {self.token}"}}
+        return {
+            "url": self.url.rstrip("/") + SEARCH_PATH,
+            "json": body,
+            "headers": {"Authorization": f"Bearer {self.token}"},
+        }
 
     @contextlib.contextmanager
     def _reaching(self) -> Iterator[None]:
@@ -113,7 +117,8 @@ def _hits(response: httpx.Response) -> list[dict[str, Any]]:
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         raise error_of(error["code"], str(error.get("message", "")))
     raise error_of_status(
-        response.status_code, f"the service answered {response.status_code} without a ragwarden answer: {response.text[:200]!r}"
+        response.status_code,
+        f"the service answered {response.status_code} without a ragwarden answer: {response.text[:200]!r}",
     )
 
 
@@ -130,7 +135,9 @@ def bind(
     """The binding a retriever's settings describe; a contradiction is refused, never guessed at."""
     token = token.strip() if token is not None else None
     if (warehouse is None) == (url is None):
-        raise ConfigurationError("give either warehouse= (in process) or url= (a ragwarden service), not both or neither")
+        raise ConfigurationError(
+            "give either warehouse= (in process) or url= (a ragwarden service), not both or neither"
+        )
     if token is not None and (subject is not None or tenant is not None or actor is not None):
         raise ConfigurationError("the token says who the caller is: drop subject=, tenant= and actor=")
     if url is not None:

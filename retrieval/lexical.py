@@ -17,73 +17,23 @@ of a table gets the scores Lance's own index gives.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-import lancedb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lancedb.index import FTS
 
+from ..state import terms_of_words
 from .visible_rows import best_first, id_ranks
 
 K1 = 1.2
 B = 0.75
-ANALYZER: dict[str, Any] = {
-    name: getattr(FTS(), name) for name in inspect.signature(lancedb.tokenize).parameters if name != "query"
-}
-"""The options of the analyser the ``text`` index is built with (``Store`` indexes it with ``FTS()``)."""
-WORDS_PER_CALL = 8192
-CHARACTERS_PER_CALL = 1 << 20  # and no call longer than this, however long the words
 VOCABULARY_ENTRY_BYTES = 120  # a dict entry and its str object, besides the term's characters
-_SEPARATOR = "zqxragwardenzqx"
-_JOINER = f" {_SEPARATOR} "
-
-if ANALYZER["base_tokenizer"] not in ("simple", "whitespace"):  # pragma: no cover - a new LanceDB default
-    raise RuntimeError(f"lexical ranking splits text at spaces first, which {ANALYZER['base_tokenizer']!r} may not")
-if [token.text for token in lancedb.tokenize(_SEPARATOR, **ANALYZER)] != [_SEPARATOR]:  # pragma: no cover
-    raise RuntimeError(f"the separator word {_SEPARATOR!r} is not a term of its own for LanceDB's analyser")
-
-
-def _terms_of_words(words: Sequence[str]) -> list[list[str]]:
-    """LanceDB's analyser on each word (a run of text without spaces).
-
-    A call costs about 60 us besides its text, so words go many to a call, joined by a separator
-    word, and the terms are cut apart again at the separator's own term. The separator yields
-    exactly one term and no word yields part of it (spaces bound both), so the cut is exact
-    unless a word yields the separator's term itself: such a batch is analysed word by word."""
-    terms: list[list[str]] = []
-    for batch in _batches(words):
-        runs: list[list[str]] = [[]]
-        for token in lancedb.tokenize(_JOINER.join(batch), **ANALYZER):
-            if token.text == _SEPARATOR:
-                runs.append([])
-            else:
-                runs[-1].append(token.text)
-        if len(runs) != len(batch):
-            runs = [[token.text for token in lancedb.tokenize(word, **ANALYZER)] for word in batch]
-        terms.extend(runs)
-    return terms
-
-
-def _batches(words: Sequence[str]) -> Iterator[Sequence[str]]:
-    """``words`` in order, at most ``WORDS_PER_CALL`` and about ``CHARACTERS_PER_CALL`` to a batch."""
-    start, size = 0, 0
-    for end, word in enumerate(words):
-        if end > start and (end - start == WORDS_PER_CALL or size + len(word) > CHARACTERS_PER_CALL):
-            yield words[start:end]
-            start, size = end, 0
-        size += len(word) + len(_JOINER)
-    if start < len(words):
-        yield words[start:]
-
-
 @dataclass(frozen=True, kw_only=True)
 class Analysed:
     """Texts as terms: the vocabulary (term -> id) and, for every term occurrence in text order,
@@ -110,7 +60,7 @@ def analyse(texts: pa.Array | pa.ChunkedArray) -> Analysed:
     text_of_word = pc.list_parent_indices(words).to_numpy().astype(np.int64)
     encoded = pc.dictionary_encode(pc.list_flatten(words))
     word_ids = encoded.indices.to_numpy().astype(np.int64)
-    per_word = _terms_of_words(encoded.dictionary.to_pylist())
+    per_word = terms_of_words(encoded.dictionary.to_pylist())
     vocabulary: dict[str, int] = {}
     counts = np.fromiter(map(len, per_word), np.int64, len(per_word))
     firsts = np.zeros(len(per_word) + 1, np.int64)

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
-from ..governance.policy import Policy
+from ..governance.compiler import SubjectView
 from ..governance.sql import sql_list, sql_string
-from ..governance.tags import Classification, label_problem, principal_problem, tenant_problem
-from ..governance.visibility import check_row
-from ..store import Store
+from ..governance.tags import Classification, label_problem
+from ..state import Store
 from .search import Searcher
 
 _REVIEW_COLUMNS = ["chunk_id", "doc_id", "kind", "parents", "tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification"]
@@ -36,19 +35,18 @@ class AccessReview:
         return {name: (dict(value) if isinstance(value, Mapping) else value) for name, value in self.__dict__.items()}
 
 
-def access_review(store: Store, searcher: Searcher, policy: Policy, subject: str, tenant: str) -> AccessReview:
-    """Count every row ``subject`` may read: the same compiled filter and post-check as search."""
-    _refuse(principal_problem(subject) or tenant_problem(tenant))
-    version = store.chunks.version
-    where = searcher.compiled_filter(policy, subject, tenant)
-    rows = store.chunks.search().where(where).select(_REVIEW_COLUMNS).limit(None).to_list()
-    registry = store.clause_registry()
-    visible = [row for row in rows if check_row(policy, subject, tenant, row, registry).allowed]
+def access_review(store: Store, searcher: Searcher, view: SubjectView) -> AccessReview:
+    """Count every row ``view``'s subject may read: the same compiled filter and post-check as search."""
+    subject, tenant = view.subject, view.tenant
+    version = store.chunks_version
+    rows = store.rows_where(searcher.compiled_filter(view), _REVIEW_COLUMNS)
+    decide = searcher.decisions.decider(view, store.clause_registry())
+    visible = [row for row in rows if decide(row).allowed]
     chunks = [row for row in visible if row["kind"] == "chunk"]
     return AccessReview(
         subject=subject,
         tenant=tenant,
-        policy_version=policy.version,
+        policy_version=view.policy_version,
         table_version=version,
         rows=len(visible),
         by_source=dict(sorted(Counter(row["doc_id"] for row in chunks).items())),
@@ -62,24 +60,16 @@ def access_review(store: Store, searcher: Searcher, policy: Policy, subject: str
 
 def inventory(store: Store, label: str, tenant: str) -> dict[str, list[str]]:
     """Every row carrying ``label`` in ``tenant``, grouped by the source documents it comes from."""
-    _refuse(label_problem(label) or tenant_problem(tenant))
-    rows = (
-        store.chunks.search()
-        .where(f"tenant = {sql_string(tenant)} AND array_has_any(labels, {sql_list([label])})")
-        .select(["chunk_id", "doc_id", "kind", "parents"])
-        .limit(None)
-        .to_list()
-    )
+    problem = label_problem(label)
+    if problem:
+        raise InvalidRequestError(problem)
+    where = f"tenant = {sql_string(tenant)} AND array_has_any(labels, {sql_list([label])})"
+    rows = store.rows_where(where, ["chunk_id", "doc_id", "kind", "parents"])
     grouped: dict[str, list[str]] = defaultdict(list)
     for row in rows:
         for source in _root_sources(store, row):
             grouped[source].append(row["chunk_id"])
     return {source: sorted(ids) for source, ids in sorted(grouped.items())}
-
-
-def _refuse(problem: str | None) -> None:
-    if problem:
-        raise InvalidRequestError(problem)
 
 
 def _root_sources(store: Store, row: Mapping[str, Any]) -> set[str]:

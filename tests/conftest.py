@@ -18,6 +18,7 @@ from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.lineage_receiver import Receiver
 from support.live_server import serving
 from support.oracle import ORACLE_COLUMNS, oracle_visible, world_of_policy
+from support.raw_tables import raw_table
 
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
@@ -69,7 +70,7 @@ def data_dir() -> Path:
 def demo_oracle(demo_warehouse: Warehouse) -> Callable[[str, str], set[str]]:
     """The chunk ids of the demo warehouse a subject may read in a tenant, by the independent oracle
     (``support.oracle``) over the demo policy: demo_oracle("user:dave", "acme")."""
-    rows = demo_warehouse.store.chunks.search().select(ORACLE_COLUMNS).limit(None).to_list()
+    rows = raw_table(demo_warehouse.store).search().select(ORACLE_COLUMNS).limit(None).to_list()
     world = world_of_policy(policy_file("demo.csv").read_text(encoding="utf-8"))
     registry = demo_warehouse.store.clause_registry()
 

@@ -11,14 +11,20 @@ import ragwarden
 
 REPO = Path(__file__).resolve().parents[1]
 
-# subpackage -> ragwarden modules it must never import
+# subpackage -> ragwarden modules it must never import: the rules know no storage, the state layer
+# no caller of it, and the interfaces reach storage only through the face.
+FACE = ("ragwarden.warehouse", "ragwarden.gate", "ragwarden.credentials")
 FORBIDDEN = {
-    "governance": ("ragwarden.ingest", "ragwarden.retrieval", "ragwarden.api", "ragwarden.store", "ragwarden.embedder",
-                   "ragwarden.warehouse", "ragwarden.integrations"),
-    "ingest": ("ragwarden.retrieval", "ragwarden.api", "ragwarden.warehouse", "ragwarden.integrations"),
-    "retrieval": ("ragwarden.ingest", "ragwarden.api", "ragwarden.warehouse", "ragwarden.integrations"),
-    "api": ("ragwarden.integrations",),
+    "governance": ("ragwarden.ingest", "ragwarden.retrieval", "ragwarden.api", "ragwarden.state", "ragwarden.embedder",
+                   "ragwarden.integrations", *FACE),
+    "state": ("ragwarden.ingest", "ragwarden.retrieval", "ragwarden.api", "ragwarden.embedder", "ragwarden.integrations",
+              *FACE),
+    "ingest": ("ragwarden.retrieval", "ragwarden.api", "ragwarden.integrations", *FACE),
+    "retrieval": ("ragwarden.ingest", "ragwarden.api", "ragwarden.integrations", *FACE),
+    "api": ("ragwarden.integrations", "ragwarden.state"),
+    "integrations": ("ragwarden.api", "ragwarden.state"),
 }  # fmt: skip
+STORAGE_MODULES = ("lancedb", "lance")
 
 
 def ragwarden_imports(path: Path) -> set[str]:
@@ -42,6 +48,18 @@ def test_imports_flow_one_way(subpackage):
         imported = ragwarden_imports(path)
         bad = sorted(name for name in imported for banned in FORBIDDEN[subpackage] if name == banned or name.startswith(banned + "."))
         assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_only_the_state_layer_imports_lancedb():
+    """LanceDB and Lance are reached through ``state`` alone: every other module asks it typed questions."""
+    outside = [path for path in sorted(REPO.rglob("*.py")) if path.relative_to(REPO).parts[0] not in ("state", "tests", ".venv", "build")]
+    offenders = []
+    for path in outside:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            offenders += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in STORAGE_MODULES]
+    assert not offenders, offenders
+    assert any((REPO / "state").rglob("*.py")), "the state layer is missing"
 
 
 def test_public_names_are_all_exported():

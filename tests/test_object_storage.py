@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from support import warehouse_workers
 from support.lineage_receiver import closed_port
+from support.raw_tables import raw_table
 from support.s3_server import S3Server
 from support.spawned import run_together
 
@@ -109,7 +110,7 @@ def test_every_operation_works_on_object_storage_as_on_a_folder(s3: S3Server, s3
                            subject="user:admin", tenant="acme")  # fmt: skip
     reopened = Warehouse(wh.settings, embedder=wh.embedder)  # a fresh process sees what was committed
     assert reopened.policy.version != first
-    assert reopened.store.chunks.count_rows() == wh.store.chunks.count_rows()
+    assert reopened.store.count() == wh.store.count()
 
 
 def test_a_bucket_that_does_not_exist_is_a_clear_error(s3: S3Server, embedder: Embedder, tmp_path: Path) -> None:
@@ -131,7 +132,7 @@ def test_writers_in_separate_processes_commit_safely(s3: S3Server, s3_warehouse:
     final = s3_warehouse.search("ledger budget forecast round", subject="user:alice", tenant="acme", k=100)
     assert {hit.doc_id for hit in final} == {f"w{w}-{i}" for w in (1, 2) for i in range(3)}
     assert all("Round 1 of " in hit.text for hit in final), "a commit was lost: an older round survived"
-    rows = s3_warehouse.store.chunks.search().select(["chunk_id"]).limit(None).to_list()
+    rows = raw_table(s3_warehouse.store).search().select(["chunk_id"]).limit(None).to_list()
     assert len(rows) == len({r["chunk_id"] for r in rows})
 
 

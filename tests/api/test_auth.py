@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
-from ragwarden.api.keys import ApiKeys
 from ragwarden.config import AuthSettings
+from ragwarden.credentials import ApiKeys
 from ragwarden.errors import InvalidRequestError
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
@@ -342,7 +342,7 @@ def keyed(demo_policy_warehouse: Warehouse, serve: Callable[..., str], tmp_path:
     policy.write_text(DEMO_POLICY + "\ng, service:indexer, group:admins, acme\n", encoding="utf-8")
     demo_policy_warehouse.install_policy(policy)
     with httpx.Client(base_url=serve(demo_policy_warehouse), timeout=60) as client:
-        yield client, ApiKeys(demo_policy_warehouse.store.db)
+        yield client, ApiKeys(demo_policy_warehouse.store.api_keys)
 
 
 def test_an_api_key_authenticates_its_service_account(keyed):
@@ -369,7 +369,7 @@ def test_api_keys_are_stored_only_as_hashes(keyed):
     client, keys = keyed
     key = keys.create(subject="service:indexer", tenant="acme")
     key_id, secret = key.removeprefix("rwk_").split(".")
-    rows = keys._open().to_arrow().to_pylist()
+    rows = [vars(row) for row in keys.table.rows()]
     assert len(rows) == 1 and rows[0]["key_id"] == key_id
     stored = json.dumps(rows, default=str)
     assert secret not in stored and key not in stored

@@ -212,10 +212,10 @@ def test_derive_explain_sync_forget_from_the_command_line(runner, demo_cli_wareh
 def test_token_mints_a_token_the_service_accepts(runner, warehouse_args, monkeypatch):
     from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 
-    from ragwarden.api.auth import Authenticator
-    from ragwarden.api.keys import ApiKeys
     from ragwarden.config import Settings
-    from ragwarden.store import connect
+    from ragwarden.credentials import ApiKeys, Authenticator
+    from ragwarden.state.api_keys import ApiKeysTable
+    from ragwarden.state.tables import connect
 
     monkeypatch.setenv("RAGWARDEN_JWT_SECRET", JWT_SECRET.decode())
     monkeypatch.setenv("RAGWARDEN_JWT_ISSUER", ISSUER)
@@ -223,7 +223,7 @@ def test_token_mints_a_token_the_service_accepts(runner, warehouse_args, monkeyp
     result = runner.invoke(main, ["token", "--sub", "alice", "--tenant", "acme", "--act", "agent:notes", *warehouse_args])
     assert result.exit_code == 0, result.output
     settings = Settings.from_env()
-    identity = Authenticator(settings.auth, ApiKeys(connect(warehouse_args[1]))).verify(result.output.strip())
+    identity = Authenticator(settings.auth, ApiKeys(ApiKeysTable(connect(warehouse_args[1])))).verify(result.output.strip())
     assert (identity.subject, identity.tenant, identity.actor) == ("user:alice", "acme", "agent:notes")
 
 
@@ -235,15 +235,16 @@ def test_token_without_a_configured_secret_says_what_to_set(runner, warehouse_ar
 
 
 def test_apikey_create_list_revoke_keeps_only_the_hash(runner, warehouse_args):
-    from ragwarden.api.keys import ApiKeys
+    from ragwarden.credentials import ApiKeys
     from ragwarden.errors import AuthenticationError
-    from ragwarden.store import connect
+    from ragwarden.state.api_keys import ApiKeysTable
+    from ragwarden.state.tables import connect
 
     created = runner.invoke(main, ["apikey", "create", "--subject", "service:indexer", "--tenant", "acme", *warehouse_args])
     assert created.exit_code == 0, created.output
     key = created.output.strip()
     key_id, _, secret = key.removeprefix("rwk_").partition(".")
-    keys = ApiKeys(connect(warehouse_args[1]))
+    keys = ApiKeys(ApiKeysTable(connect(warehouse_args[1])))
     assert keys.verify(key).subject == "service:indexer"
 
     listed = runner.invoke(main, ["apikey", "list", *warehouse_args])

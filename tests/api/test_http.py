@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
@@ -417,11 +418,11 @@ def test_an_identity_in_the_query_string_changes_nothing(as_user):
 def test_an_operation_the_policy_does_not_grant_is_403_and_changes_nothing(
     small_service, bearer, small_warehouse, method, path, body
 ):
-    version, policy = small_warehouse.store.chunks.version, small_warehouse.policy.version
+    version, policy = small_warehouse.store.chunks_version, small_warehouse.policy.version
     response = small_service.request(method, path, json=body, headers=bearer("alice"))
     message = error_of(response, 403, "forbidden")
     assert "alice" in message
-    assert (small_warehouse.store.chunks.version, small_warehouse.policy.version) == (version, policy)
+    assert (small_warehouse.store.chunks_version, small_warehouse.policy.version) == (version, policy)
 
 
 def test_derive_is_403_for_a_caller_without_the_derive_grant(small_service, bearer, small_warehouse):
@@ -594,17 +595,17 @@ def limited(small_warehouse: Warehouse, serve: Callable[..., str], http: Callabl
 
 
 def test_a_body_over_the_limit_is_413_naming_the_limit(limited, bearer, small_warehouse):
-    version = small_warehouse.store.chunks.version
+    version = small_warehouse.store.chunks_version
     record = {"id": "big", "text": "x" * (2 * LIMIT), "acl": {"allow": ["everyone"]}, "classification": "public"}
     response = limited.post("/v1/ingest", json={"records": [record]}, headers=bearer("admin"))
     assert int(response.request.headers["content-length"]) > LIMIT
     message = error_of(response, 413, "payload_too_large")
     assert str(LIMIT) in message and "max_body_bytes" in message
-    assert small_warehouse.store.chunks.version == version
+    assert small_warehouse.store.chunks_version == version
 
 
 def test_a_streamed_body_over_the_limit_is_413_naming_the_limit(limited, bearer, small_warehouse):
-    version = small_warehouse.store.chunks.version
+    version = small_warehouse.store.chunks_version
     record = {"id": "big", "text": "x" * (2 * LIMIT), "acl": {"allow": ["everyone"]}, "classification": "public"}
     payload = json.dumps({"records": [record]}).encode()
     pieces = iter([payload[i : i + 1024] for i in range(0, len(payload), 1024)])
@@ -614,7 +615,7 @@ def test_a_streamed_body_over_the_limit_is_413_naming_the_limit(limited, bearer,
     assert response.request.headers["transfer-encoding"] == "chunked"
     message = error_of(response, 413, "payload_too_large")
     assert str(LIMIT) in message
-    assert small_warehouse.store.chunks.version == version
+    assert small_warehouse.store.chunks_version == version
 
 
 def test_a_streamed_body_within_the_limit_is_served(limited, bearer):
@@ -655,7 +656,7 @@ def test_the_largest_allowed_search_arguments_are_served(as_user):
 @pytest.mark.parametrize("agent", ["agent:notes", "agent:admin"])
 def test_an_agent_reads_and_explains_chunks_exactly_as_its_user(as_user, demo_warehouse, agent):
     chunk_ids = sorted(demo_warehouse.store.chunk_ids_of_documents(
-        (row["tenant"], row["doc_id"]) for row in demo_warehouse.store.sources.to_arrow().to_pylist()))[::3]  # fmt: skip
+        (row["tenant"], row["doc_id"]) for row in raw_table(demo_warehouse.store, "sources").to_arrow().to_pylist()))[::3]  # fmt: skip
     for user in ("dave", "carol"):
         person, acting = as_user(user), as_user(user, act=agent)
         statuses = set()

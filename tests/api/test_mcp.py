@@ -23,11 +23,11 @@ from mcp_types import CallToolResult
 from support.demo_world import demo_world
 from support.mcp_clients import mcp_over_http
 
-from ragwarden.api.auth import Authenticator, Identity
-from ragwarden.api.keys import ApiKeys
 from ragwarden.api.mcp_server import LOCAL_SESSION, SessionUnions, build_mcp_server
 from ragwarden.config import AuthSettings
+from ragwarden.credentials import ApiKeys, Authenticator
 from ragwarden.embedder import Embedder
+from ragwarden.governance.caller import Identity
 from ragwarden.governance.tags import Classification
 from ragwarden.retrieval.hits import Hit
 from ragwarden.warehouse import Warehouse
@@ -51,7 +51,7 @@ def notes_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder
 
 
 def _server(warehouse: Warehouse, identity: Identity, **options: Any) -> Any:
-    authenticator = Authenticator(AuthSettings(), ApiKeys(warehouse.store.db))
+    authenticator = Authenticator(AuthSettings(), ApiKeys(warehouse.store.api_keys))
     return build_mcp_server(warehouse, authenticator, identity=identity, **options)
 
 
@@ -211,7 +211,7 @@ async def test_save_note_takes_its_parents_labels_and_hides_it_from_who_cannot_r
 
 @pytest.mark.anyio
 async def test_a_revoked_api_key_stops_a_stdio_style_server_mid_session(notes_warehouse: Warehouse) -> None:
-    keys = ApiKeys(notes_warehouse.store.db)
+    keys = ApiKeys(notes_warehouse.store.api_keys)
     key = keys.create(subject="user:alice", tenant="acme")
     identity = Authenticator(AuthSettings(), keys).verify(key)
     async with Client(_server(notes_warehouse, identity, credential=key)) as client:

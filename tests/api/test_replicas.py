@@ -20,7 +20,7 @@ from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.mcp_clients import mcp_over_http
 from support.replicas import Replica
 
-from ragwarden.api.keys import ApiKeys
+from ragwarden.credentials import ApiKeys
 from ragwarden.embedder import Embedder
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
@@ -188,7 +188,7 @@ def test_a_revocation_on_one_replica_closes_every_read_path_on_the_other(two_rep
 
 
 def test_an_api_key_revoked_on_the_warehouse_is_refused_by_every_replica(two_replicas, shared_warehouse):
-    keys = ApiKeys(shared_warehouse.store.db)
+    keys = ApiKeys(shared_warehouse.store.api_keys)
     key = keys.create(subject="service:indexer", tenant="acme")
     headers = {"Authorization": f"Bearer {key}"}
     for replica in two_replicas:

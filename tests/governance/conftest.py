@@ -14,11 +14,12 @@ from typing import Any
 import lancedb
 import pyarrow as pa
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.governance.compiler import SubjectView, compile_filter
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.tags import GovernanceTags
-from ragwarden.schema import chunks_schema
+from ragwarden.state import chunks_schema
 
 POLICIES = Path(__file__).parent / "policies"
 DIMENSION = 2
@@ -171,7 +172,7 @@ def make_chunks_table(tmp_path: Path) -> Callable[..., Any]:
 @pytest.fixture(scope="session")
 def demo_rows_by_person(demo_warehouse) -> dict[str, dict[str, bool]]:
     """For each acme demo person, every acme row id -> whether a big-k search returns it."""
-    rows = [r["chunk_id"] for r in demo_warehouse.store.chunks.search().where("tenant = 'acme'").limit(None).to_list()]
+    rows = [r["chunk_id"] for r in raw_table(demo_warehouse.store).search().where("tenant = 'acme'").limit(None).to_list()]
     result = {}
     for subject in ("user:alice", "user:bob", "user:carol", "user:dave"):
         found = {h.chunk_id for h in demo_warehouse.search("anything at all", subject=subject, tenant="acme", k=1000)}

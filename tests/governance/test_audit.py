@@ -23,8 +23,6 @@ import pytest
 
 from ragwarden.errors import ConfigurationError, InvalidRequestError, WarehouseError
 from ragwarden.governance.audit import (
-    AUDIT,
-    AUDIT_SCHEMA,
     GENESIS_HASH,
     AuditLog,
     Receipt,
@@ -32,12 +30,19 @@ from ragwarden.governance.audit import (
     _hash_payload,
     fingerprint,
 )
+from ragwarden.state import AuditTable
+from ragwarden.state.schema import AUDIT, AUDIT_SCHEMA
 
 # -- fixtures ------------------------------------------------------------------------------
 
 
 def connect(path: Path) -> Any:
     return lancedb.connect(path, read_consistency_interval=timedelta(0))
+
+
+def log_of(db: Any, **options: Any) -> AuditLog:
+    """An audit log over the ``audit`` table of ``db``, as a warehouse opens it."""
+    return AuditLog(lambda key_check: AuditTable(db, key_check=key_check), **options)
 
 
 @pytest.fixture
@@ -80,7 +85,7 @@ def receipt() -> Callable[..., Receipt]:
 @pytest.fixture
 def five(db: Any, receipt: Callable[..., Receipt]) -> tuple[AuditLog, list[StoredReceipt]]:
     """A log of five receipts (seq 1..5), each for a different chunk, doc and subject."""
-    log = AuditLog(db)
+    log = log_of(db)
     stored = [
         log.append(receipt(subject=f"user:u{i}", chunk_ids=(f"c{i}",), doc_ids=(f"d{i}",), chunk_labels={}))
         for i in range(1, 6)
@@ -120,13 +125,13 @@ def test_appended_receipts_form_a_valid_chain_from_genesis(five: tuple[AuditLog,
 
 
 def test_empty_log_verifies_and_has_the_genesis_head(db: Any) -> None:
-    log = AuditLog(db)
+    log = log_of(db)
     assert log.verify().ok and log.verify().receipts == 0
     assert log.head() == (0, GENESIS_HASH)
 
 
 def test_stored_receipt_reads_back_as_append_returned_it(db: Any, receipt: Callable[..., Receipt]) -> None:
-    log = AuditLog(db)
+    log = log_of(db)
     written = log.append(receipt(details={"doc_id": "d1", "rows_removed": 3}, actor="agent:bot"))
     (read,) = log.query()
     assert read == written
@@ -151,15 +156,15 @@ def test_table_keeps_ids_labels_and_hashes_but_no_chunk_text(
 
 
 def test_labels_column_is_the_union_of_chunk_labels(db: Any, receipt: Callable[..., Receipt]) -> None:
-    AuditLog(db).append(receipt())
+    log_of(db).append(receipt())
     (row,) = rows_of(db.open_table(AUDIT))
     assert row["labels"] == ["finance", "internal"]
     assert json.loads(row["chunk_labels"]) == {"c1": ["finance"], "c2": ["finance", "internal"]}
 
 
 def test_log_accepts_an_open_table_as_well_as_a_connection(db: Any, receipt: Callable[..., Receipt]) -> None:
-    AuditLog(db).append(receipt())
-    log = AuditLog(db.open_table(AUDIT))
+    log_of(db).append(receipt())
+    log = log_of(db)
     assert log.append(receipt()).seq == 2 and log.verify().ok
 
 
@@ -187,7 +192,7 @@ def test_malformed_receipt_is_refused_naming_the_field(
 def test_existing_audit_table_with_another_schema_is_refused(db: Any) -> None:
     db.create_table(AUDIT, schema=pa.schema([pa.field("seq", pa.int64())]))
     with pytest.raises(WarehouseError, match="schema"):
-        AuditLog(db)
+        log_of(db)
 
 
 # -- tamper evidence -----------------------------------------------------------------------
@@ -300,7 +305,7 @@ def test_hmac_key_detects_a_rewrite_that_recomputes_plain_sha256_hashes(
     db: Any, receipt: Callable[..., Receipt]
 ) -> None:
     key = b"kept-away-from-the-table"
-    log = AuditLog(db, key=key)
+    log = log_of(db, key=key)
     for i in range(4):
         log.append(receipt(subject=f"user:u{i}"))
     assert log.verify().ok
@@ -337,13 +342,13 @@ def test_without_a_key_a_full_rewrite_with_recomputed_hashes_passes(
 
 
 def test_a_writer_with_another_key_is_refused_and_verify_says_why(db: Any, receipt: Callable[..., Receipt]) -> None:
-    AuditLog(db, key=b"right").append(receipt())
-    for other in (AuditLog(db, key=b"wrong"), AuditLog(db)):
+    log_of(db, key=b"right").append(receipt())
+    for other in (log_of(db, key=b"wrong"), log_of(db)):
         with pytest.raises(ConfigurationError, match="HMAC key"):
             other.append(receipt())
         report = other.verify()
         assert not report.ok and report.problems[0].startswith("table:")
-    assert AuditLog(db, key=b"right").verify().ok
+    assert log_of(db, key=b"right").verify().ok
 
 
 # -- queries -------------------------------------------------------------------------------
@@ -353,7 +358,7 @@ def test_a_writer_with_another_key_is_refused_and_verify_says_why(db: Any, recei
 def varied(db: Any, receipt: Callable[..., Receipt]) -> tuple[AuditLog, list[datetime]]:
     """Four receipts with distinct chunks, docs, subjects, labels, tenants and operations, and
     the instants between them (before 1, between 1 and 2, ..., after 4)."""
-    log = AuditLog(db)
+    log = log_of(db)
     marks = []
     specs = [
         {"chunk_ids": ("c1",), "doc_ids": ("d1",), "chunk_labels": {"c1": ("finance",)}},
@@ -441,7 +446,7 @@ def test_malformed_query_arguments_are_refused(
 
 
 def test_compaction_keeps_the_chain_and_merges_the_small_files(db: Any, receipt: Callable[..., Receipt]) -> None:
-    log = AuditLog(db, compact_every=5)
+    log = log_of(db, compact_every=5)
     for _ in range(12):
         log.append(receipt())
     table = db.open_table(AUDIT)
@@ -452,7 +457,7 @@ def test_compaction_keeps_the_chain_and_merges_the_small_files(db: Any, receipt:
 
 def _writer(warehouse: str, name: str, count: int, start: Any, result: str) -> None:
     """Body of one spawned writer: wait for the start signal, append ``count`` receipts."""
-    log = AuditLog(connect(Path(warehouse)), compact_every=7)
+    log = log_of(connect(Path(warehouse)), compact_every=7)
     start.wait(60)
     began = time.perf_counter()
     seqs = [
@@ -469,7 +474,7 @@ def _writer(warehouse: str, name: str, count: int, start: Any, result: str) -> N
 
 def test_concurrent_spawned_writers_give_one_complete_valid_chain(tmp_path: Path, warehouse: Path) -> None:
     writers, each = 3, 20
-    AuditLog(connect(warehouse))  # create the table before the race
+    log_of(connect(warehouse))  # create the table before the race
     context = multiprocessing.get_context("spawn")
     start = context.Event()
     results = [tmp_path / f"writer-{i}.json" for i in range(writers)]
@@ -495,7 +500,7 @@ def test_concurrent_spawned_writers_give_one_complete_valid_chain(tmp_path: Path
     outcomes = [json.loads(path.read_text()) for path in results]
     claimed = sorted(seq for outcome in outcomes for seq in outcome["seqs"])
     assert claimed == list(range(1, writers * each + 1))  # no seq lost, none given twice
-    log = AuditLog(connect(warehouse))
+    log = log_of(connect(warehouse))
     report = log.verify()
     assert report.ok and report.receipts == writers * each, report.problems
     mine = {r.reason for r in log.query(subject="user:w1")}

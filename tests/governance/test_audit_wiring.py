@@ -6,6 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from support.raw_tables import raw_table
 
 from ragwarden.api.cli import main
 from ragwarden.errors import NotFoundError
@@ -29,7 +30,7 @@ def test_search_receipt_records_who_what_and_versions_but_not_the_query(audited_
     assert receipt.chunk_ids == (chunk_id,) and dict(receipt.chunk_labels) == {chunk_id: ("finance",)}
     assert receipt.query is None and len(receipt.query_fingerprint) == 64
     assert receipt.policy_version == audited_warehouse.policy.version
-    assert receipt.table_version == audited_warehouse.store.chunks.version
+    assert receipt.table_version == audited_warehouse.store.chunks_version
     assert receipt.withheld == 0
 
 
@@ -53,10 +54,10 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
     assert bad.exit_code == 2 and "SEQ:HASH" in bad.output
     found = runner.invoke(main, ["audit", "query", "--label", "finance", *args])
     assert [json.loads(line)["subject"] for line in found.stdout.splitlines()] == ["user:alice"]
-    audited_warehouse.audit._table.update(where="seq = 2", values={"subject": "user:mallory"})
+    raw_table(audited_warehouse.store, "audit").update(where="seq = 2", values={"subject": "user:mallory"})
     tampered = runner.invoke(main, ["audit", "verify", *args])
     assert tampered.exit_code == 1 and "seq 2" in tampered.stderr
-    audited_warehouse.audit._table.delete("seq = 3")
+    raw_table(audited_warehouse.store, "audit").delete("seq = 3")
     dropped = runner.invoke(main, ["audit", "verify", "--expect-head", head, *args])
     assert dropped.exit_code == 1 and "the recorded head is gone" in dropped.stderr
 

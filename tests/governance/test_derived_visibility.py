@@ -28,7 +28,7 @@ from ragwarden.governance.policy import Policy
 from ragwarden.governance.propagation import propagate
 from ragwarden.governance.tags import EVERYONE, GovernanceTags
 from ragwarden.governance.visibility import check_row
-from ragwarden.schema import chunks_schema
+from ragwarden.state import chunks_schema
 
 
 def parent_tags(world: World, tenant: str, friend: str | None = None) -> st.SearchStrategy[GovernanceTags]:

@@ -3,8 +3,8 @@ lineage backend that is down or slow without holding up a run, delivered once wh
 
 Validation is offline, against the OpenLineage JSON schemas in the shared data sets
 (``$RAGWARDEN_DATA/openlineage-spec``, default ``../shared/data`` beside the checkout) and our
-facets' schemas in ``governance/facets/``: the event against its ``schemaURL``, every facet
-against its own ``_schemaURL``, with a format checker for uuid, date-time and uri.
+facets' schemas in ``governance/lineage/facet_schemas/``: the event against its ``schemaURL``,
+every facet against its own ``_schemaURL``, with a format checker for uuid, date-time and uri.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ragwarden.governance.lineage import (
     location_dataset,
     source_dataset,
 )
-from ragwarden.governance.lineage_config import HTTP_BOUNDS
+from ragwarden.governance.lineage.config import HTTP_BOUNDS
 from ragwarden.governance.tags import Classification, GovernanceTags
 
 Event = dict[str, Any]
@@ -145,8 +145,8 @@ class EventValidator:
 def validator() -> EventValidator:
     if not (SPEC / "OpenLineage.json").is_file():
         pytest.skip(f"the OpenLineage JSON schemas are not at {SPEC}; set RAGWARDEN_DATA to the shared data sets")
-    ours = sorted(Path(str(resources.files("ragwarden.governance") / "facets")).glob("*.json"))
-    assert ours, "governance/facets/*.json are missing from the package"
+    ours = sorted(Path(str(resources.files("ragwarden.governance.lineage") / "facet_schemas")).glob("*.json"))
+    assert ours, "governance/lineage/facet_schemas/*.json are missing from the package"
     return EventValidator([SPEC / "OpenLineage.json", *sorted((SPEC / "facets").glob("*.json")), *ours])
 
 
@@ -499,7 +499,13 @@ def _warehouse(tmp_path: Path, embedder: Any, env: dict[str, str] | None = None)
     return warehouse
 
 
-RECORD = {"id": "r1", "text": "Budget notes for Q4.", "tenant": "acme", "acl": {"allow": ["group:staff"]}, "classification": "internal"}
+RECORD = {
+    "id": "r1",
+    "text": "Budget notes for Q4.",
+    "tenant": "acme",
+    "acl": {"allow": ["group:staff"]},
+    "classification": "internal",
+}
 
 
 def test_ingest_derive_sync_and_forget_each_emit_a_valid_completed_run(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.errors import InvalidRequestError, NotFoundError, WarehouseError
 from ragwarden.warehouse import Warehouse
@@ -83,7 +84,7 @@ def test_sync_retags_chunks_and_derived_rows_transitively_without_reembedding(li
     summary = wh.derive("Staff summary: early Friday.", parents=[chunk_of(wh, "staff")], subject="user:dave", tenant="acme")
     memory = wh.derive("Dave remembers: Friday.", parents=[summary.chunk_id], subject="user:dave", tenant="acme", kind="memory")
     ids = [chunk_of(wh, "staff"), summary.chunk_id, memory.chunk_id]
-    vectors = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in wh.store.chunks.search().limit(None).to_list()}
+    vectors = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in raw_table(wh.store).search().limit(None).to_list()}
     assert set(ids) <= visible_ids(wh, "user:dave", "Friday")
 
     report = wh.sync([doc("staff", "", ["group:finance"], ["finance"], "confidential")])
@@ -92,15 +93,15 @@ def test_sync_retags_chunks_and_derived_rows_transitively_without_reembedding(li
     assert set(ids) <= visible_ids(wh, "user:alice", "Friday")
     rows = wh.store.rows(ids)
     assert all(rows[i]["labels"] == ["finance"] and rows[i]["classification"] == 2 for i in ids)
-    after = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in wh.store.chunks.search().limit(None).to_list()}
+    after = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in raw_table(wh.store).search().limit(None).to_list()}
     assert after == vectors
 
 
 def test_sync_of_an_unknown_or_other_tenant_document_changes_nothing(lifecycle_warehouse):
-    version = lifecycle_warehouse.store.chunks.version
+    version = lifecycle_warehouse.store.chunks_version
     with pytest.raises(NotFoundError, match="'nope' not found"):
         lifecycle_warehouse.sync([doc("staff", "", ["everyone"]), doc("nope", "", ["everyone"])])
-    assert lifecycle_warehouse.store.chunks.version == version
+    assert lifecycle_warehouse.store.chunks_version == version
 
 
 def test_forget_erases_the_source_and_its_derived_rows_from_every_file(lifecycle_warehouse, tmp_path):
@@ -121,7 +122,7 @@ def test_forget_erases_the_source_and_its_derived_rows_from_every_file(lifecycle
     assert wh.search(SENTINEL, subject="user:dave", tenant="acme", k=5, mode="fts") == []
     assert summary.chunk_id not in wh.store.rows([summary.chunk_id])
     assert wh.store.source_states([("acme", "secret")]) == {}
-    assert len(wh.store.chunks.list_versions()) == 1
+    assert len(raw_table(wh.store).list_versions()) == 1
     assert {h.doc_id for h in wh.search("office Friday", subject="user:dave", tenant="acme", k=5)} == {"staff"}
 
 
@@ -135,7 +136,7 @@ def test_forget_needs_a_reason_and_an_existing_document(lifecycle_warehouse):
 def test_hits_carry_versions_and_min_version_is_honoured(lifecycle_warehouse):
     wh = lifecycle_warehouse
     (hit,) = wh.search("office", subject="user:dave", tenant="acme", k=1)
-    assert hit.table_version == wh.store.chunks.version and hit.policy_version == wh.policy.version
+    assert hit.table_version == wh.store.chunks_version and hit.policy_version == wh.policy.version
     assert wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version)
     with pytest.raises(WarehouseError, match="older than"):
         wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version + 100)
@@ -169,14 +170,14 @@ def test_explain_reads_another_tenants_row_as_missing(lifecycle_warehouse):
 def test_a_tenant_admin_syncing_another_tenants_document_meets_not_found_like_an_unknown_id(lifecycle_warehouse):
     wh = lifecycle_warehouse
     wh.ingest_records([{**doc("globex-only", "Globex board minutes.", ["group:staff"]), "tenant": "globex"}])
-    version, before = wh.store.chunks.version, wh.store.source_tags([("globex", "globex-only")])
+    version, before = wh.store.chunks_version, wh.store.source_tags([("globex", "globex-only")])
     errors = []
     for doc_id in ("globex-only", "never-ingested"):
         with pytest.raises(NotFoundError) as caught:
             wh.sync([doc(doc_id, "", ["everyone"])], subject="user:admin", tenant="acme")
         errors.append(str(caught.value).replace(doc_id, "ID"))
     assert errors[0] == errors[1]  # the other tenant's document reads exactly as a missing one
-    assert wh.store.chunks.version == version and wh.store.source_tags([("globex", "globex-only")]) == before
+    assert wh.store.chunks_version == version and wh.store.source_tags([("globex", "globex-only")]) == before
 
 
 def test_forget_leaves_another_tenants_document_named_like_one_of_its_chunks(lifecycle_warehouse):
@@ -248,4 +249,4 @@ def test_a_derive_racing_the_erasure_of_its_parent_is_refused_and_leaves_no_row(
     _racing(wh, monkeypatch, lambda: replica.forget("staff", reason="erasure request", tenant="acme"))
     with pytest.raises(NotFoundError):
         wh.derive("Office closes early Friday.", parents=[parent], subject="user:alice", tenant="acme")
-    assert [r for r in wh.store.chunks.search().select(["chunk_id", "kind"]).limit(None).to_list() if r["kind"] != "chunk"] == []
+    assert [r for r in raw_table(wh.store).search().select(["chunk_id", "kind"]).limit(None).to_list() if r["kind"] != "chunk"] == []

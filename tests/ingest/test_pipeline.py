@@ -7,6 +7,7 @@ import pwd
 from pathlib import Path
 
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.ingest.pipeline import run_ingest
 from ragwarden.ingest.records import read_jsonl
@@ -35,7 +36,7 @@ def test_posix_permissions_become_the_acl(demo_policy_warehouse, tmp_path):
     os.chmod(folder / "team.txt", 0o644)
     report = demo_policy_warehouse.ingest(folder, acl_from="posix", tenant="acme")
     assert report.documents == 1
-    row = demo_policy_warehouse.store.chunks.search().limit(1).to_list()[0]
+    row = raw_table(demo_policy_warehouse.store).search().limit(1).to_list()[0]
     assert row["acl_allow"] == [f"user:{pwd.getpwuid(os.getuid()).pw_name}"]
     assert (row["tenant"], row["classification"]) == ("acme", 1)
 

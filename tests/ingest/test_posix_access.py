@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.ingest.files import iter_file_sources
 from ragwarden.ingest.posix_access import ACL_XATTR, NFS4_ACL_XATTR, AclEntry, Tag, parse_acl_xattr
@@ -394,7 +395,7 @@ def test_posix_ingest_stores_the_lists_and_search_honours_them(
 
     report = demo_policy_warehouse.ingest(shared, acl_from="posix", tenant="acme")
     assert (report.documents, report.rejected) == (2, ())
-    rows = demo_policy_warehouse.store.chunks.search().select(["doc_id", "acl_allow", "acl_deny"]).to_list()
+    rows = raw_table(demo_policy_warehouse.store).search().select(["doc_id", "acl_allow", "acl_deny"]).to_list()
     stored = {r["doc_id"]: (sorted(r["acl_allow"]), sorted(r["acl_deny"])) for r in rows}
     assert stored == {
         "team.txt": (sorted({"everyone", ME, MY_GROUP} | ROOT), ["group:staff"]),

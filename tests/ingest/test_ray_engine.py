@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
 from ragwarden.policies import policy_file
-from ragwarden.schema import TAG_COLUMNS
+from ragwarden.state import TAG_COLUMNS
 from ragwarden.warehouse import Warehouse
 
 pytest.importorskip("ray", reason="the Ray engine is tested where the ray extra is installed (make test installs it)")
@@ -40,11 +41,11 @@ def _namespaces_work() -> str | None:
 
 def _rows(warehouse: Warehouse) -> dict[str, dict]:
     columns = ["chunk_id", "doc_id", "position", "text", "vector", "kind", *TAG_COLUMNS]
-    return {r["chunk_id"]: r for r in warehouse.store.chunks.search().select(columns).limit(None).to_list()}
+    return {r["chunk_id"]: r for r in raw_table(warehouse.store).search().select(columns).limit(None).to_list()}
 
 
 def _sources(warehouse: Warehouse) -> list[tuple]:
-    rows = warehouse.store.sources.search().select(["doc_id", "tenant", "doc_version", "tags_fingerprint"]).limit(None).to_list()
+    rows = raw_table(warehouse.store, "sources").search().select(["doc_id", "tenant", "doc_version", "tags_fingerprint"]).limit(None).to_list()
     return sorted((r["tenant"], r["doc_id"], r["doc_version"], r["tags_fingerprint"]) for r in rows)
 
 

@@ -6,6 +6,7 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
@@ -37,11 +38,11 @@ class FailingEmbedder(Embedder):
 
 
 def chunk_rows(warehouse: Warehouse, doc_id: str) -> list[dict]:
-    return warehouse.store.chunks.search().where(f"doc_id = '{doc_id}'").limit(None).to_list()
+    return raw_table(warehouse.store).search().where(f"doc_id = '{doc_id}'").limit(None).to_list()
 
 
 def test_chunks_table_has_the_design_columns_with_their_types(fresh_warehouse):
-    schema = fresh_warehouse.store.chunks.schema
+    schema = fresh_warehouse.store.chunks_schema
     expected = {
         "chunk_id": pa.string(),
         "doc_id": pa.string(),
@@ -61,7 +62,7 @@ def test_chunks_table_has_the_design_columns_with_their_types(fresh_warehouse):
     }
     for name, arrow_type in expected.items():
         assert schema.field(name).type == arrow_type, name
-    sources = set(fresh_warehouse.store.sources.schema.names)
+    sources = set(raw_table(fresh_warehouse.store, "sources").schema.names)
     assert {"doc_id", "uri", "doc_version", "tenant", "acl_allow", "labels", "classification", "ingested_at"} <= sources
 
 
@@ -86,21 +87,21 @@ def test_every_chunk_inherits_its_documents_tags_exactly(fresh_warehouse, make_r
 def test_reingesting_unchanged_documents_writes_nothing(fresh_warehouse, make_record):
     records = [make_record(id=f"doc-{i}", text=f"Note {i}: {LONG[:300]}") for i in range(5)]
     fresh_warehouse.ingest_records(records)
-    versions = (fresh_warehouse.store.chunks.version, fresh_warehouse.store.sources.version)
+    versions = (fresh_warehouse.store.chunks_version, raw_table(fresh_warehouse.store, "sources").version)
     again = fresh_warehouse.ingest_records(records)
     assert (again.documents, again.unchanged, again.chunks) == (0, 5, 0)
-    assert (fresh_warehouse.store.chunks.version, fresh_warehouse.store.sources.version) == versions
+    assert (fresh_warehouse.store.chunks_version, raw_table(fresh_warehouse.store, "sources").version) == versions
 
 
 def test_changed_document_replaces_its_chunks_so_no_version_shows_both_or_neither(fresh_warehouse, make_record):
     fresh_warehouse.ingest_records([make_record(text=LONG)])
-    first = fresh_warehouse.store.chunks.version
+    first = fresh_warehouse.store.chunks_version
     fresh_warehouse.ingest_records([make_record(text=LONG.replace("budget", "forecast"))])
     fresh_warehouse.ingest_records([make_record(text="A short third version.")])
     db = lancedb.connect(fresh_warehouse.uri)
     table = db.open_table("chunks")
     seen_versions = set()
-    for version in range(first, fresh_warehouse.store.chunks.version + 1):
+    for version in range(first, fresh_warehouse.store.chunks_version + 1):
         table.checkout(version)
         doc_versions = {row["doc_version"] for row in table.search().where("doc_id = 'doc-1'").limit(None).to_list()}
         assert len(doc_versions) == 1, f"table version {version} shows {len(doc_versions)} document versions"
@@ -132,8 +133,8 @@ def test_a_document_whose_batch_fails_lands_not_at_all(tmp_path, make_record):
     ]
     with pytest.raises(RuntimeError, match="embedding failed"):
         warehouse.ingest_records(records)
-    assert sorted({r["doc_id"] for r in warehouse.store.chunks.search().limit(None).to_list()}) == ["a", "b"]
-    assert sorted(r["doc_id"] for r in warehouse.store.sources.search().limit(None).to_list()) == ["a", "b"]
+    assert sorted({r["doc_id"] for r in raw_table(warehouse.store).search().limit(None).to_list()}) == ["a", "b"]
+    assert sorted(r["doc_id"] for r in raw_table(warehouse.store, "sources").search().limit(None).to_list()) == ["a", "b"]
 
 
 def test_an_id_used_in_another_tenant_names_a_separate_document(fresh_warehouse, make_record):

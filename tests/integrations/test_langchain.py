@@ -12,7 +12,7 @@ from langchain_tests.integration_tests import RetrieversIntegrationTests
 from pydantic import ValidationError
 from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
-from ragwarden.api.keys import ApiKeys
+from ragwarden.credentials import ApiKeys
 from ragwarden.errors import AuthenticationError, ConfigurationError, InvalidRequestError, WarehouseError
 from ragwarden.integrations.langchain import WardenRetriever
 from ragwarden.warehouse import Warehouse
@@ -88,7 +88,7 @@ def test_over_the_service_the_token_alone_names_the_caller(
 
 
 def test_in_process_a_token_is_verified_against_the_warehouse(small_warehouse: Warehouse) -> None:
-    keys = ApiKeys(small_warehouse.store.db)
+    keys = ApiKeys(small_warehouse.store.api_keys)
     key = keys.create(subject="user:alice", tenant="acme")
     by_key = WardenRetriever(warehouse=small_warehouse, token=key, k=3).invoke("quarterly budget review")
     named = WardenRetriever(warehouse=small_warehouse, subject="user:alice", tenant="acme", k=3).invoke("quarterly budget review")

@@ -15,14 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragwarden.api.auth import Authenticator
-from ragwarden.api.keys import ApiKeys
 from ragwarden.config import AuthSettings
+from ragwarden.credentials import Authenticator, api_keys_at
 from ragwarden.errors import AuthenticationError, InvalidRequestError, InvalidSourceError, PolicyError
 from ragwarden.governance.policy import Policy
 from ragwarden.ingest.files import _load_manifest
 from ragwarden.ingest.records import Rejected, Skipped, SourceRecord, read_jsonl
-from ragwarden.store import connect
 from ragwarden.warehouse import Warehouse
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -73,8 +71,8 @@ def test_any_manifest_text_loads_or_is_refused_naming_the_manifest(text: str):
 
 @pytest.fixture(scope="module")
 def authenticator(tmp_path_factory: pytest.TempPathFactory) -> Authenticator:
-    db = connect(str(tmp_path_factory.mktemp("keys")))
-    return Authenticator(AuthSettings(jwt_secret=b"s" * 32, issuer="https://idp.test", audience="ragwarden"), ApiKeys(db))
+    keys = api_keys_at(str(tmp_path_factory.mktemp("keys")))
+    return Authenticator(AuthSettings(jwt_secret=b"s" * 32, issuer="https://idp.test", audience="ragwarden"), keys)
 
 
 @FUZZ

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support import warehouse_workers
+from support.raw_tables import raw_table
 
 from ragwarden.warehouse import Warehouse
 
@@ -59,5 +60,5 @@ def test_two_writers_and_two_readers_share_a_warehouse_without_errors_or_torn_re
     final = demo_policy_warehouse.search("ledger budget forecast round", subject="user:alice", tenant="acme", k=100)
     assert {hit.doc_id for hit in final} == {f"w{w}-{i}" for w in (1, 2) for i in range(DOCUMENTS)}
     assert all(f"Round {ROUNDS - 1} of " in hit.text for hit in final)
-    ids = [row["chunk_id"] for row in demo_policy_warehouse.store.chunks.search().select(["chunk_id"]).limit(None).to_list()]
+    ids = [row["chunk_id"] for row in raw_table(demo_policy_warehouse.store).search().select(["chunk_id"]).limit(None).to_list()]
     assert len(ids) == len(set(ids))

@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.raw_tables import raw_table
 from support.warehouse_workers import document
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
 from ragwarden.policies import policy_file
-from ragwarden.schema import TAG_COLUMNS
+from ragwarden.state import TAG_COLUMNS
 from ragwarden.warehouse import Warehouse
 
 RUNS = 20
@@ -48,7 +49,7 @@ KILLED_INGEST = textwrap.dedent("""
 
 def _state(warehouse: Warehouse) -> dict[str, Any]:
     """Chunk ids, and each document's chunks with their tags, as stored."""
-    rows = warehouse.store.chunks.search().select(["chunk_id", "doc_id", *TAG_COLUMNS]).limit(None).to_list()
+    rows = raw_table(warehouse.store).search().select(["chunk_id", "doc_id", *TAG_COLUMNS]).limit(None).to_list()
     documents: dict[str, dict[str, Any]] = {}
     for row in rows:
         documents.setdefault(row["doc_id"], {})[row["chunk_id"]] = {c: row[c] for c in TAG_COLUMNS}

@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 from support.oracle import ORACLE_COLUMNS, oracle_visible, world_of_policy
+from support.raw_tables import raw_table
 
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
@@ -87,7 +88,7 @@ def test_eight_clients_for_a_minute_while_one_ingests_get_no_error_and_no_leak(
         for thread in threads:
             thread.join(180)
 
-    rows = warehouse.store.chunks.search().select(ORACLE_COLUMNS).limit(None).to_list()
+    rows = raw_table(warehouse.store).search().select(ORACLE_COLUMNS).limit(None).to_list()
     oracle, registry = world_of_policy(policy_file("demo.csv").read_text(encoding="utf-8")), warehouse.store.clause_registry()
     labels = {row["chunk_id"]: tuple(row["labels"]) for row in rows}
     visible = {(u, t): oracle_visible(oracle, f"user:{u}", t, rows, registry) for u, t in set(CALLERS)}
@@ -108,5 +109,5 @@ def test_eight_clients_for_a_minute_while_one_ingests_get_no_error_and_no_leak(
     assert not leaks, leaks[:5]
     assert not mislabelled, mislabelled[:5]
     assert figures["ingest_errors"] == 0 and figures["ingest_batches"] >= 5  # rows arrived throughout
-    assert len(rows) > len(demo_warehouse.store.chunks.search().limit(None).to_list())
+    assert len(rows) > len(raw_table(demo_warehouse.store).search().limit(None).to_list())
     assert figures["requests"] >= CLIENTS * 5 and figures["hits_checked"] > 0

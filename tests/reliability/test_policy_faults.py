@@ -11,13 +11,14 @@ import httpx
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from support.raw_tables import raw_table
 
 from ragwarden.api.cli import main
 from ragwarden.api.http import create_app
 from ragwarden.config import Settings
 from ragwarden.errors import InvalidPolicyError
 from ragwarden.policies import policy_file
-from ragwarden.schema import POLICIES_SCHEMA
+from ragwarden.state.schema import POLICIES_SCHEMA
 from ragwarden.warehouse import Warehouse
 
 BAD_POLICY = "g, user:alice, group:fpa, acme\np, group:finance, acme, label:finance, read, maybe\n"
@@ -38,9 +39,9 @@ def _readiness(url: str) -> dict:
 
 def _store_policy_text(warehouse: Warehouse, text: str) -> None:
     """A policy row that never went through validation (a damaged or hand-edited table)."""
-    seq = warehouse.store.policies.count_rows() + 1  # the next install in commit order
+    seq = raw_table(warehouse.store, "policies").count_rows() + 1  # the next install in commit order
     row = {"seq": seq, "version": "damaged", "source": "hand edit", "text": text, "installed_at": datetime.now(UTC)}
-    warehouse.store.policies.add(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))
+    raw_table(warehouse.store, "policies").add(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))
 
 
 def test_serve_refuses_a_policy_file_with_a_bad_line_naming_it(small_warehouse: Warehouse, tmp_path: Path):

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from support import lifecycle_workers as lw
+from support.raw_tables import raw_table
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
@@ -34,14 +35,14 @@ COLUMNS = ["chunk_id", "doc_id", "kind", "tenant", "acl_allow", "acl_deny", "acl
 
 
 def _rows_at(warehouse: Warehouse, version: int | None = None) -> list[dict[str, Any]]:
-    table = warehouse.store.db.open_table("chunks")
+    table = raw_table(warehouse.store, "chunks")
     if version is not None:
         table.checkout(version)
     return table.to_lance().to_table(columns=COLUMNS).to_pylist()
 
 
 def _sources(warehouse: Warehouse) -> list[dict[str, Any]]:
-    return warehouse.store.sources.to_arrow().to_pylist()
+    return raw_table(warehouse.store, "sources").to_arrow().to_pylist()
 
 
 @pytest.fixture
@@ -87,17 +88,17 @@ def test_concurrent_lifecycle_writes_leave_every_derived_row_exactly_its_parents
     for process in processes:
         process.start()
     start.set()
-    checked_version = warehouse.store.chunks.version
+    checked_version = warehouse.store.chunks_version
     versions_checked = 0
     problems: list[str] = []
     try:
         for round_ in range(ROUNDS):
             barrier.wait(300)  # every worker is between rounds: nothing is being written
             registry = warehouse.store.clause_registry()
-            latest = warehouse.store.chunks.version
+            latest = warehouse.store.chunks_version
             problems += [f"round {round_}: {p}" for p in lw.lineage_violations(_rows_at(warehouse), registry)]
             problems += [f"round {round_}: {p}" for p in lw.document_violations(_rows_at(warehouse), _sources(warehouse))]
-            kept = {v["version"] for v in warehouse.store.chunks.list_versions()}
+            kept = {v["version"] for v in raw_table(warehouse.store).list_versions()}
             for version in sorted(v for v in kept if checked_version < v <= latest):
                 found = lw.lineage_violations(_rows_at(warehouse, version), registry)
                 problems += [f"round {round_}, version {version}: {p}" for p in found]

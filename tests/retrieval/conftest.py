@@ -7,18 +7,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.bench.world import World, generate, write_warehouse
 from ragwarden.config import Settings
 from ragwarden.governance.visibility import check_row
-from ragwarden.indexing import has_vector_index
 from ragwarden.warehouse import Warehouse
 
 
 @pytest.fixture(scope="session")
 def demo_rows(demo_warehouse: Warehouse) -> list[dict]:
     """Every chunk of the demo warehouse, vectors included."""
-    return demo_warehouse.store.chunks.search().limit(None).to_list()
+    return raw_table(demo_warehouse.store).search().limit(None).to_list()
 
 
 @pytest.fixture(scope="session")
@@ -43,5 +43,5 @@ def indexed_warehouse(small_world: World, tmp_path: Path) -> Warehouse:
     """The world written, scalar and vector indexes built (the row floor lowered to fit a test)."""
     store = write_warehouse(small_world, tmp_path / "wh")
     report = store.optimize(vector_index_min_rows=1_000)
-    assert report.vector_index is not None and has_vector_index(store.chunks)
+    assert report.vector_index is not None and store.has_vector_index()
     return Warehouse(Settings(warehouse=str(tmp_path / "wh")), embedder=None)  # type: ignore[arg-type]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ragwarden.governance.compiler import SubjectView
 from ragwarden.governance.visibility import check_row
 from ragwarden.retrieval.search import DecisionMemo
-from ragwarden.schema import TAG_COLUMNS
+from ragwarden.state import TAG_COLUMNS
 from ragwarden.warehouse import Warehouse
 
 SUBJECTS = ("user:alice", "user:bob", "user:carol", "user:dave", "user:erin")
@@ -18,20 +19,20 @@ def test_the_memo_decides_every_row_as_the_enforcer_does(demo_warehouse: Warehou
         for subject in SUBJECTS:
             for tenant in ("acme", "globex"):
                 for row in demo_rows:
-                    assert memo.check(policy, subject, tenant, row, registry) == check_row(policy, subject, tenant, row, registry)
+                    assert memo.check(SubjectView.of(policy, subject, tenant), row, registry) == check_row(policy, subject, tenant, row, registry)
 
 
 def test_a_new_registry_is_decided_afresh_and_an_unknown_clause_is_refused(demo_warehouse: Warehouse, demo_rows: list[dict]):
     memo, policy, registry = DecisionMemo(), demo_warehouse.policy, demo_warehouse.store.clause_registry()
     row = next(r for r in demo_rows if check_row(policy, "user:alice", "acme", r, registry).allowed)
-    assert memo.check(policy, "user:alice", "acme", row, registry).allowed
-    assert not memo.check(policy, "user:alice", "acme", row, {}).allowed  # the token is unknown to this registry
+    assert memo.check(SubjectView.of(policy, "user:alice", "acme"), row, registry).allowed
+    assert not memo.check(SubjectView.of(policy, "user:alice", "acme"), row, {}).allowed  # the token is unknown to this registry
 
 
 def test_a_row_that_cannot_be_evaluated_is_refused_not_memoised(demo_warehouse: Warehouse, demo_rows: list[dict]):
     memo, policy, registry = DecisionMemo(), demo_warehouse.policy, demo_warehouse.store.clause_registry()
     broken = {**demo_rows[0], "labels": None}
-    assert not memo.check(policy, "user:carol", "acme", broken, registry).allowed
+    assert not memo.check(SubjectView.of(policy, "user:carol", "acme"), broken, registry).allowed
 
 
 def test_verdicts_on_a_table_are_the_enforcers_row_by_row_and_a_null_list_is_refused(
@@ -44,5 +45,5 @@ def test_verdicts_on_a_table_are_the_enforcers_row_by_row_and_a_null_list_is_ref
     for subject in SUBJECTS:
         for tenant in ("acme", "globex"):
             expected = [check_row(policy, subject, tenant, row, registry).allowed for row in rows]
-            assert memo.verdicts(policy, subject, tenant, registry, table).tolist() == expected
+            assert memo.verdicts(SubjectView.of(policy, subject, tenant), registry, table).tolist() == expected
             assert expected[-1] is False

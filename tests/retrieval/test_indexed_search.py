@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 from support.appended_rows import group_of, new_rows
+from support.raw_tables import raw_table
 
 from ragwarden.bench.world import TENANT, World, append_rows
+from ragwarden.governance.caller import Caller
 from ragwarden.retrieval.search import Searcher
 from ragwarden.warehouse import Warehouse
 
@@ -29,9 +31,11 @@ def test_rows_appended_after_the_index_was_built_are_found_and_filtered(
     searcher = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
     policy = indexed_warehouse.policy
     for chunk_id, vector in zip(new.ids, new.vectors, strict=True):
-        hits, _ = searcher.search("q", policy=policy, subject=reader, tenant=TENANT, k=K, vector=vector)
+        found = searcher.search("q", policy=policy, caller=Caller(subject=reader, tenant=TENANT), k=K, vector=vector)
+        hits = found.hits
         assert hits[0].chunk_id == chunk_id
-        hits, _ = searcher.search("q", policy=policy, subject=outsider, tenant=TENANT, k=K, vector=vector)
+        found = searcher.search("q", policy=policy, caller=Caller(subject=outsider, tenant=TENANT), k=K, vector=vector)
+        hits = found.hits
         assert not any(h.chunk_id.startswith("appended-") for h in hits)
 
 
@@ -42,9 +46,10 @@ def test_a_row_whose_label_slipped_past_the_registry_is_withheld_and_k_still_fil
     secret = new_rows(small_world, 1, group_of(indexed_warehouse, reader), labels=["unregistered-secret"], seed=2)
     append_rows(indexed_warehouse.store, secret, register_labels=False)
     assert "unregistered-secret" not in indexed_warehouse.store.label_registry()
-    hits, withheld = indexed_warehouse._searcher.search(
-        "q", policy=indexed_warehouse.policy, subject=reader, tenant=TENANT, k=K, vector=secret.vectors[0]
+    found = indexed_warehouse._searcher.search(
+        "q", policy=indexed_warehouse.policy, caller=Caller(subject=reader, tenant=TENANT), k=K, vector=secret.vectors[0]
     )
+    hits, withheld = found.hits, found.withheld
     assert withheld == 1  # the indexed prefilter let it through; the post-check did not
     assert len(hits) == K and secret.ids[0] not in {h.chunk_id for h in hits}
 
@@ -66,7 +71,7 @@ def test_an_erased_row_is_gone_from_the_vector_index_and_every_version(indexed_w
     indexed_warehouse.store.optimize(vector_index_min_rows=1_000)  # folded into the vector index
     for plan in ("index", "flat"):
         forced = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
-        hits, _ = forced.search("q", policy=indexed_warehouse.policy, subject=reader, tenant=TENANT, k=K, vector=victim.vectors[0])
+        hits = forced.search("q", policy=indexed_warehouse.policy, caller=Caller(subject=reader, tenant=TENANT), k=K, vector=victim.vectors[0]).hits
         assert hits[0].chunk_id == victim.ids[0]
     raw = victim.vectors[0].tobytes()
     folder = indexed_warehouse.store.local_path
@@ -78,9 +83,9 @@ def test_an_erased_row_is_gone_from_the_vector_index_and_every_version(indexed_w
     assert files_holding_it(), "positive control: the vector's bytes are on disk before the erasure"
     indexed_warehouse.store.delete(victim.ids, (TENANT, victim.ids[0]))
     indexed_warehouse.store.purge_history()
-    assert len(indexed_warehouse.store.chunks.list_versions()) == 1
+    assert len(raw_table(indexed_warehouse.store).list_versions()) == 1
     for plan in ("index", "flat"):
         forced = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
-        hits, _ = forced.search("q", policy=indexed_warehouse.policy, subject=reader, tenant=TENANT, k=K, vector=victim.vectors[0])
+        hits = forced.search("q", policy=indexed_warehouse.policy, caller=Caller(subject=reader, tenant=TENANT), k=K, vector=victim.vectors[0]).hits
         assert victim.ids[0] not in {h.chunk_id for h in hits}
     assert files_holding_it() == []

@@ -13,10 +13,12 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.raw_tables import raw_table
 
-from ragwarden.retrieval import lexical
+from ragwarden.governance.caller import Caller
 from ragwarden.retrieval.lexical import LexicalRows, analyse, query_terms
 from ragwarden.retrieval.search import Searcher
+from ragwarden.state import text_analysis
 from ragwarden.warehouse import Warehouse
 
 # Pieces of text that stress the analyser: every kind of whitespace and punctuation, case, accents
@@ -46,7 +48,7 @@ def _analysed_terms(batch: list[str | None]) -> list[list[str]]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 @given(batch=st.lists(texts, max_size=6), words=st.sampled_from([1, 2, 3, 8192]), chars=st.sampled_from([50, 1 << 20]))
 def test_texts_are_analysed_exactly_as_lances_analyser_does_text_by_text(batch: list[str], words: int, chars: int):
-    with mock.patch.object(lexical, "WORDS_PER_CALL", words), mock.patch.object(lexical, "CHARACTERS_PER_CALL", chars):
+    with mock.patch.object(text_analysis, "WORDS_PER_CALL", words), mock.patch.object(text_analysis, "CHARACTERS_PER_CALL", chars):
         assert _analysed_terms([*batch, None]) == [*map(_lance_terms, batch), []]  # batches cut anywhere
 
 
@@ -60,7 +62,7 @@ def test_the_analyser_is_the_one_the_text_index_is_built_with() -> None:
     from lancedb.index import FTS
 
     config = FTS()
-    assert all(getattr(config, option) == value for option, value in lexical.ANALYZER.items())
+    assert all(getattr(config, option) == value for option, value in text_analysis.ANALYZER.items())
 
 
 def _rows(texts: list[str]) -> pa.Table:
@@ -91,8 +93,9 @@ def _answers(searcher: Searcher, warehouse: Warehouse, subject: str, mode: str) 
     vector = [0.1] * warehouse.store.dimension
     result = []
     for question in ("salary bands", "acquisition due diligence", "Rotterdam", "litigation hold"):
-        hits, _ = searcher.search(question, policy=warehouse.policy, subject=subject, tenant="acme", k=5, mode=mode,
-                                  vector=vector)  # fmt: skip
+        found = searcher.search(question, policy=warehouse.policy, caller=Caller(subject=subject, tenant="acme"), k=5, mode=mode,
+                                  vector=vector)
+        hits = found.hits  # fmt: skip
         result.append([(hit.chunk_id, hit.score.hex()) for hit in hits])
     return result
 
@@ -154,11 +157,13 @@ def test_a_row_whose_label_slipped_past_the_registry_is_withheld_and_moves_no_sc
     records = [make_record(id=f"doc-{i}", text=text, **public) for i, text in enumerate(texts)]
     assert warehouse.ingest_records(records).ok
     searcher, policy = warehouse._searcher, warehouse.policy
-    before, _ = searcher.search("pump", policy=policy, subject="user:dave", tenant="acme", k=5, mode="fts")
-    row = warehouse.store.chunks.search().limit(1).to_list()[0]
+    found = searcher.search("pump", policy=policy, caller=Caller(subject="user:dave", tenant="acme"), k=5, mode="fts")
+    before = found.hits
+    row = raw_table(warehouse.store).search().limit(1).to_list()[0]
     row.pop("_distance", None)
     row.update(chunk_id="slipped", doc_id="slipped", text="pump pump pump pump", labels=["unregistered-secret"])
-    warehouse.store.chunks.add([row])  # a writer racing the label registry: the indexed filter lets it through
-    after, withheld = searcher.search("pump", policy=policy, subject="user:dave", tenant="acme", k=5, mode="fts")
+    raw_table(warehouse.store).add([row])  # a writer racing the label registry: the indexed filter lets it through
+    found = searcher.search("pump", policy=policy, caller=Caller(subject="user:dave", tenant="acme"), k=5, mode="fts")
+    after, withheld = found.hits, found.withheld
     assert withheld == 1  # ranked first, withheld by the post-check, then asked again exactly
     assert [(h.chunk_id, h.score) for h in after] == [(h.chunk_id, h.score) for h in before]

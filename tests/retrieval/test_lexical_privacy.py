@@ -31,14 +31,15 @@ from support.bm25 import bm25_ranking
 from support.demo_world import DEMO_CORPUS, demo_world
 from support.oracle import oracle_visible
 from support.policy_worlds import World, look_alike_worlds
+from support.raw_tables import raw_table
 
 from ragwarden.embedder import Embedder
+from ragwarden.governance.caller import Caller
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.tags import EVERYONE, GovernanceTags
 from ragwarden.retrieval.hits import Hit
 from ragwarden.retrieval.search import Searcher
-from ragwarden.schema import chunks_schema
-from ragwarden.store import Store
+from ragwarden.state import Store, chunks_schema
 from ragwarden.warehouse import Warehouse
 
 READER = ("user:erin", "globex")  # HR lead in globex: the public and internal rows, and HR's
@@ -123,7 +124,7 @@ def test_a_caller_who_may_read_every_row_gets_lances_own_scores(demo_policy_ware
     public = [{**record, "tenant": "acme", "acl": {"allow": ["everyone"]}, "labels": [], "classification": "public"}
               for record in records]  # fmt: skip
     assert demo_policy_warehouse.ingest_records(public).ok
-    chunks = demo_policy_warehouse.store.chunks
+    chunks = raw_table(demo_policy_warehouse.store)
     for question in ASKED[:4]:
         ours = demo_policy_warehouse.search(question, subject="user:dave", tenant="acme", k=10, mode="fts")
         lance = chunks.search(MatchQuery(question, "text"), query_type="fts").select(["chunk_id"]).limit(10).to_list()
@@ -185,17 +186,18 @@ def _write(folder: str, tags: list[GovernanceTags], texts: list[str], vectors: l
          "ingest_run_id": "run", "embedding_model": "dummy", "created_at": None}
         for index, (one, text, vector) in enumerate(zip(tags, texts, vectors, strict=True))
     ]  # fmt: skip
-    store.chunks.add(pa.Table.from_pylist(rows, schema=chunks_schema(2)))
-    store.chunks.create_index("text", config=FTS())  # as ingest builds it (search must not depend on it)
+    raw_table(store).add(pa.Table.from_pylist(rows, schema=chunks_schema(2)))
+    raw_table(store).create_index("text", config=FTS())  # as ingest builds it (search must not depend on it)
     return store
 
 
 def _search(
     searcher: Searcher, policy: Policy, reader: str, tenant: str, query: str, k: int, mode: str
 ) -> list[tuple[str, str]]:
-    hits, withheld = searcher.search(
-        query, policy=policy, subject=reader, tenant=tenant, k=k, mode=mode, vector=[1.0, 0.5]
+    found = searcher.search(
+        query, policy=policy, caller=Caller(subject=reader, tenant=tenant), k=k, mode=mode, vector=[1.0, 0.5]
     )
+    hits, withheld = found.hits, found.withheld
     assert withheld == 0
     return [(hit.chunk_id, hit.score.hex()) for hit in hits]
 
@@ -213,14 +215,14 @@ def test_a_callers_answer_is_the_answer_once_every_row_it_may_not_read_is_delete
     with tempfile.TemporaryDirectory() as folder:
         store = _write(folder, tags, texts, vectors)
         searcher = Searcher(store, None)  # type: ignore[arg-type]
-        rows = store.chunks.to_arrow().to_pylist()
+        rows = raw_table(store).to_arrow().to_pylist()
         visible = oracle_visible(world, reader, tenant, rows, store.clause_registry())
         answers = {mode: _search(searcher, policy, reader, tenant, query, k, mode) for mode in ("fts", "hybrid")}
         assert {chunk_id for chunk_id, _ in answers["fts"] + answers["hybrid"]} <= visible
 
         hidden = sorted(row["chunk_id"] for row in rows if row["chunk_id"] not in visible)
         if hidden:  # deleted, and erased as ``forget`` erases: files rewritten, text index rebuilt
-            store.chunks.delete("chunk_id IN (" + ", ".join(f"'{chunk_id}'" for chunk_id in hidden) + ")")
+            raw_table(store).delete("chunk_id IN (" + ", ".join(f"'{chunk_id}'" for chunk_id in hidden) + ")")
             store.purge_history()
         for mode, answer in answers.items():
             assert _search(searcher, policy, reader, tenant, query, k, mode) == answer, mode

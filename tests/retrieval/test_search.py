@@ -6,8 +6,11 @@ import logging
 
 import numpy as np
 import pytest
+from support.raw_tables import raw_table
 
 from ragwarden.errors import InvalidRequestError
+from ragwarden.governance.caller import Caller
+from ragwarden.governance.compiler import SubjectView
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
@@ -83,7 +86,7 @@ def test_an_installed_policy_takes_effect_on_the_next_search(fresh_warehouse, ma
 def test_rows_appended_after_the_text_index_are_found(demo_policy_warehouse, make_record, embedder):
     public = {"acl": {"allow": ["everyone"]}, "labels": [], "classification": "public"}
     demo_policy_warehouse.ingest_records([make_record(id="old", text="zebra crossing notes", **public)])
-    chunks = demo_policy_warehouse.store.chunks
+    chunks = raw_table(demo_policy_warehouse.store)
     assert any(i.index_type == "FTS" for i in chunks.list_indices())
     row = {k: v for k, v in chunks.search().limit(1).to_list()[0].items() if k != "_distance"}
     row.update(chunk_id="appended", doc_id="new", text="zebra stripes pattern", vector=embedder.encode(["zebra stripes"])[0])
@@ -95,10 +98,10 @@ def test_rows_appended_after_the_text_index_are_found(demo_policy_warehouse, mak
 def test_a_row_with_an_unknown_acl_clause_is_never_returned(demo_policy_warehouse, make_record):
     public = {"acl": {"allow": ["everyone"]}, "labels": [], "classification": "public"}
     demo_policy_warehouse.ingest_records([make_record(id="good", text="apples and pears", **public)])
-    row = demo_policy_warehouse.store.chunks.search().limit(1).to_list()[0]
+    row = raw_table(demo_policy_warehouse.store).search().limit(1).to_list()[0]
     row.pop("_distance", None)
     row.update(chunk_id="forged", doc_id="forged", acl_clauses=["c-not-registered"])
-    demo_policy_warehouse.store.chunks.add([row])
+    raw_table(demo_policy_warehouse.store).add([row])
     hits = demo_policy_warehouse.search("apples and pears", subject="user:dave", tenant="acme", k=5)
     assert [h.doc_id for h in hits] == ["good"]
 
@@ -107,7 +110,7 @@ def test_post_check_withholds_a_row_the_policy_denies_and_records_it(demo_wareho
     searcher = demo_warehouse._searcher
     secret = next(r for r in demo_rows if r["classification"] == 3)
     with caplog.at_level(logging.ERROR):
-        hits, withheld = searcher.post_check([(secret, 1.0)], demo_warehouse.policy, "user:dave", "acme", 0)
+        hits, withheld = searcher.post_check([(secret, 1.0)], SubjectView.of(demo_warehouse.policy, "user:dave", "acme"), 0)
     assert (hits, withheld) == ([], 1)
     assert secret["chunk_id"] in caplog.text
 
@@ -136,9 +139,9 @@ def test_bad_search_arguments_are_refused_naming_the_argument(demo_warehouse, kw
 def test_the_compiled_filter_is_cached_per_subject_and_policy_version(demo_warehouse):
     searcher = demo_warehouse._searcher
     policy = demo_warehouse.policy
-    first = searcher.compiled_filter(policy, "user:alice", "acme")
-    assert searcher.compiled_filter(policy, "user:alice", "acme") is first
-    assert searcher.compiled_filter(policy, "user:dave", "acme") != first
+    first = searcher.compiled_filter(searcher.view(policy, Caller(subject="user:alice", tenant="acme")))
+    assert searcher.compiled_filter(searcher.view(policy, Caller(subject="user:alice", tenant="acme"))) is first
+    assert searcher.compiled_filter(searcher.view(policy, Caller(subject="user:dave", tenant="acme"))) != first
 
 
 def test_search_is_available_through_open(tmp_path, make_record):

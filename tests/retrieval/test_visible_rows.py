@@ -8,6 +8,7 @@ import pytest
 from support.appended_rows import group_of, new_rows
 
 from ragwarden.bench.world import TENANT, World, append_rows
+from ragwarden.governance.caller import Caller
 from ragwarden.retrieval.search import Searcher
 from ragwarden.retrieval.visible_rows import VisibleRowCache, VisibleRows
 from ragwarden.warehouse import Warehouse
@@ -20,7 +21,8 @@ def _flat(warehouse: Warehouse, cache_bytes: int) -> Searcher:
 
 
 def _search(searcher: Searcher, warehouse: Warehouse, subject: str, vector: np.ndarray) -> list[tuple[str, float]]:
-    hits, _ = searcher.search("q", policy=warehouse.policy, subject=subject, tenant=TENANT, k=K, vector=vector)
+    found = searcher.search("q", policy=warehouse.policy, caller=Caller(subject=subject, tenant=TENANT), k=K, vector=vector)
+    hits = found.hits
     return [(hit.chunk_id, hit.score) for hit in hits]
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from support.raw_tables import raw_table
+
 TENANT = "acme"
 DOCUMENTS = ("d0", "d1", "d2", "d3")
 ACTOR = "user:root"
@@ -62,7 +64,7 @@ def random_record(rng: random.Random, doc_id: str, *, text_variant: int | None =
 
 def _row_ids(warehouse: Any, *, derived: bool = False) -> list[str]:
     """The ids of the rows there are now (only derived ones, if ``derived``)."""
-    rows = warehouse.store.chunks.search().select(["chunk_id", "kind"]).limit(None).to_list()
+    rows = raw_table(warehouse.store).search().select(["chunk_id", "kind"]).limit(None).to_list()
     return sorted(row["chunk_id"] for row in rows if not derived or row["kind"] != "chunk")
 
 

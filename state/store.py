@@ -1,30 +1,30 @@
-"""The state layer: the warehouse's LanceDB tables and the few operations on them.
+"""The warehouse's tables and the typed operations on them: the one object that owns storage.
 
-Every process opens the warehouse with ``read_consistency_interval=0`` so each read sees the
-latest commit: a replica never serves a revoked ACL from a stale handle.
+Nothing outside ``state`` holds a Lance table: callers ask for rows, counts, nearest rows under a
+filter, and conditional writes, and every failure to read or write the files leaves as a
+``WarehouseError`` (``tables.names_storage_failures``).
 """
 
 from __future__ import annotations
 
-import errno
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import lancedb
 import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import FTS
 
+from ..errors import WarehouseError
+from ..governance.sql import sql_documents, sql_in_list
+from ..governance.tags import GovernanceTags
+from .api_keys import ApiKeysTable
+from .audit_table import AuditTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
-from .errors import WarehouseError
-from .governance.policy import Policy
-from .governance.sql import sql_documents, sql_in_list
-from .governance.tags import GovernanceTags
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
     IndexReport,
@@ -34,6 +34,8 @@ from .indexing import (
     has_vector_index,
 )
 from .schema import (
+    API_KEYS,
+    AUDIT,
     CHUNKS,
     CLAUSES,
     CLAUSES_SCHEMA,
@@ -47,8 +49,10 @@ from .schema import (
     chunks_schema,
 )
 from .snapshot import ChunksSnapshot, ChunkWrite
+from .tables import connect, damaged_files, declare_primary_key, local_path, names_storage_failures, open_table
 
 T = TypeVar("T")
+LOG_VERSIONS_KEPT = timedelta(hours=1)
 DOCUMENT_KEY = ("tenant", "doc_id")
 DocumentKey = tuple[str, str]
 """(tenant, doc id): a document id names a document only within its tenant, so one tenant's ids
@@ -65,31 +69,6 @@ class SourceState:
     tags_fingerprint: str
 
 
-_LANCE_FAILURES = ("LanceError", "lance error", "External error", "Object at location")
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EROFS, errno.EDQUOT}
-
-
-def storage_failure(
-    uri: str, operation: str, exc: BaseException, damaged: Callable[[], list[str]] = list
-) -> WarehouseError | None:
-    """``exc`` as a WarehouseError naming the warehouse, the operation and the ``damaged()`` files
-    when it is a failure to read or write the warehouse's files (a missing or damaged file, a full
-    disk); None for any other exception."""
-    text = str(exc)
-    lance = isinstance(exc, (RuntimeError, OSError, pa.ArrowException)) and any(mark in text for mark in _LANCE_FAILURES)
-    if not lance and not (isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS):
-        return None
-    detail = text.splitlines()[0] if text else type(exc).__name__
-    if is_commit_conflict(exc):
-        return WarehouseError(f"warehouse {uri!r}: {operation} lost a commit race to a concurrent writer ({detail}); try again")
-    files = damaged()
-    named = f" Missing or damaged: {', '.join(files)}." if files else ""
-    return WarehouseError(
-        f"warehouse {uri!r}: {operation} failed reading or writing its files: {detail}.{named} "
-        "Committed versions are untouched: free space or restore the damaged files from a backup, then retry"
-    )
-
-
 def _registry_version(clauses: int, labels: int) -> str:
     return f"{clauses}.{labels}"
 
@@ -103,117 +82,114 @@ class Registries:
     clauses: Mapping[str, tuple[str, ...]]
 
 
-def _is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
+@dataclass(frozen=True, kw_only=True)
+class InstalledPolicy:
+    """One installed policy as the ``policies`` table holds it: its commit order, version and text."""
+
+    seq: int
+    version: str
+    source: str | None
+    text: str
 
 
-def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
-    """A LanceDB connection to the warehouse (a local folder is created) that sees every commit at
-    once; ``storage_options`` configure an object store."""
-    if _is_local(uri):
-        Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    try:
-        return lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=dict(storage_options or {}) or None)
-    except Exception as exc:  # lancedb raises plain exceptions for bad URIs
-        raise WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+class PolicyText(Protocol):
+    """A policy as the ``policies`` table stores it (``governance.policy.Policy`` is one)."""
+
+    @property
+    def version(self) -> str: ...
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def stored_text(self) -> str: ...
 
 
-def open_table(db: Any, name: str, schema: pa.Schema) -> Any:
-    """Table ``name`` of the warehouse, created empty if absent; refused if its schema differs."""
-    try:
-        try:  # opened, not created with exist_ok: that compares field metadata such as a primary key
-            table = db.open_table(name)
-        except ValueError:  # not there yet
-            try:
-                table = db.create_table(name, schema=schema)
-            except Exception:  # another process created it first
-                table = db.open_table(name)
-    except Exception as exc:
-        raise WarehouseError(f"warehouse {db.uri!r}: table {name!r} cannot be opened: {exc}") from exc
-    if not table.schema.equals(schema, check_metadata=False):
-        raise WarehouseError(
-            f"warehouse {db.uri!r}: table {name!r} has schema {table.schema}, expected {schema}; "
-            "it was written by another version or another embedding model"
-        )
-    return table
-
-
+@names_storage_failures
 class Store:
-    """The warehouse's tables: ``chunks``, ``sources``, ``acl_clauses`` and ``policies``."""
+    """The warehouse's tables (``chunks``, ``sources``, ``acl_clauses``, ``labels``, ``policies``,
+    ``audit``, ``api_keys``) behind typed operations; the one object that owns storage."""
 
     def __init__(self, uri: str, *, dimension: int, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.dimension = dimension
-        self.db = connect(uri, storage_options)
+        self.storage_options: Mapping[str, str] = dict(storage_options or {})
+        self._db = connect(uri, storage_options)
+        self._audit: AuditTable | None = None
+        self._api_keys: ApiKeysTable | None = None
         self._refuse_missing_tables()
         self._upgrade_tables()
-        self.sources = self._table(SOURCES, SOURCES_SCHEMA)
-        self.clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
-        self.policies = self._table(POLICIES, POLICIES_SCHEMA)
-        self.chunks = self._table(CHUNKS, chunks_schema(dimension))  # last: its presence marks a complete warehouse
-        for table, key in ((self.chunks, "chunk_id"), (self.policies, "seq")):
-            _declare_primary_key(table, key)
+        self._sources = self._table(SOURCES, SOURCES_SCHEMA)
+        self._clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
+        self._policies = self._table(POLICIES, POLICIES_SCHEMA)
+        self._chunks = self._table(CHUNKS, chunks_schema(dimension))  # last: its presence marks a complete warehouse
+        for table, key in ((self._chunks, "chunk_id"), (self._policies, "seq")):
+            declare_primary_key(table, key)
         self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
         self._label_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._lock = threading.Lock()
-        backfill = LABELS not in self.db.list_tables().tables
-        self.labels = self._table(LABELS, LABELS_SCHEMA)
+        backfill = LABELS not in self._db.list_tables().tables
+        self._labels = self._table(LABELS, LABELS_SCHEMA)
         if backfill:
             self.register_labels(self._labels_in_rows())
 
     def _table(self, name: str, schema: pa.Schema) -> Any:
-        return open_table(self.db, name, schema)
+        return open_table(self._db, name, schema)
+
+    def _tables(self) -> dict[str, Any]:
+        """Every table this store has opened, by name."""
+        tables = {CHUNKS: self._chunks, SOURCES: self._sources, CLAUSES: self._clauses, POLICIES: self._policies,
+                  LABELS: self._labels}  # fmt: skip
+        if self._audit is not None:
+            tables[AUDIT] = self._audit._table
+        if self._api_keys is not None:
+            tables[API_KEYS] = self._api_keys._table
+        return tables
 
     def damaged_files(self) -> list[str]:
         """Data files a table's current version names that are missing or not the size it recorded
         (local warehouses; for diagnosis after a failed read, so it never raises)."""
-        found: list[str] = []
-        if self.local_path is None:
-            return found
-        tables = {CHUNKS: self.chunks, SOURCES: self.sources, CLAUSES: self.clauses, POLICIES: self.policies,
-                  LABELS: self.labels}  # fmt: skip
-        for name, table in tables.items():
-            folder = self.local_path / f"{name}.lance" / "data"
-            try:
-                fragments = table.to_lance().get_fragments()
-                for fragment in fragments:
-                    for data in fragment.data_files():
-                        path = folder / data.path
-                        size = path.stat().st_size if path.exists() else None
-                        if size is None or (data.file_size_bytes is not None and size != data.file_size_bytes):
-                            found.append(str(path))
-            except Exception as exc:  # a table whose manifest cannot be read is damaged as a whole
-                found.append(f"{self.local_path / f'{name}.lance'} ({str(exc).splitlines()[0] if str(exc) else exc!r})")
-        return found
+        return damaged_files(self.local_path, self._tables())
+
+    def audit_table(self, key_check: str) -> AuditTable:
+        """The receipts' table, created recording ``key_check`` if absent (``governance.audit.AuditLog``)."""
+        if self._audit is None:
+            self._audit = AuditTable(self._db, key_check=key_check)
+        return self._audit
+
+    @property
+    def api_keys(self) -> ApiKeysTable:
+        """The API keys' table (opened on first use: a warehouse without keys needs none)."""
+        if self._api_keys is None:
+            self._api_keys = ApiKeysTable(self._db)
+        return self._api_keys
 
     def _upgrade_tables(self) -> None:
         """Bring tables written by an earlier release to the current schema, in place: ``sources``
         gains its ``chunks_version`` stamp (0: older than any commit to come), and ``policies`` its
         commit order ``seq`` (the installs so far numbered by their install time, the only order
         they recorded)."""
-        present = set(self.db.list_tables().tables)
+        present = set(self._db.list_tables().tables)
         if SOURCES in present:
-            sources = self.db.open_table(SOURCES)
+            sources = self._db.open_table(SOURCES)
             if "chunks_version" not in sources.schema.names:
                 retrying_conflicts(
                     lambda: sources.add_columns({"chunks_version": "CAST(0 AS BIGINT)"}), what="upgrading sources"
                 )
         if POLICIES in present:
-            policies = self.db.open_table(POLICIES)
+            policies = self._db.open_table(POLICIES)
             if "seq" not in policies.schema.names:
                 rows = policies.to_arrow().sort_by([("installed_at", "ascending")]).to_pylist()
                 numbered = [{**row, "seq": seq} for seq, row in enumerate(rows, start=1)]
-                self.db.create_table(POLICIES, pa.Table.from_pylist(numbered, schema=POLICIES_SCHEMA), mode="overwrite")
+                self._db.create_table(POLICIES, pa.Table.from_pylist(numbered, schema=POLICIES_SCHEMA), mode="overwrite")
 
     def _refuse_missing_tables(self) -> None:
         """A table of a warehouse in use that has gone is an error naming it, never a fresh empty
         table in its place (which would lose its rows, or an ACL registry, in silence)."""
-        present = set(self.db.list_tables().tables)
+        present = set(self._db.list_tables().tables)
         core = (SOURCES, CLAUSES, POLICIES)
         if CHUNKS in present:
             missing = [name for name in core if name not in present]
         else:
-            missing = [CHUNKS] if any(name in present and self.db.open_table(name).count_rows() for name in core) else []
+            missing = [CHUNKS] if any(name in present and self._db.open_table(name).count_rows() for name in core) else []
         if missing:
             raise WarehouseError(
                 f"warehouse {self.uri!r}: table {missing[0]!r} is missing from a warehouse in use; "
@@ -224,18 +200,18 @@ class Store:
 
     def clause_registry(self) -> dict[str, tuple[str, ...]]:
         """Clause token -> principals, re-read only when the registry has a new version."""
-        return self._clauses_at(self.clauses.version)
+        return self._clauses_at(self._clauses.version)
 
     def registries(self) -> Registries:
         """The registries' version and the clause registry, read once for a whole search."""
-        clauses, labels = self.clauses.version, self.labels.version
+        clauses, labels = self._clauses.version, self._labels.version
         return Registries(version=_registry_version(clauses, labels), clauses=self._clauses_at(clauses))
 
     def _clauses_at(self, version: int) -> dict[str, tuple[str, ...]]:
         with self._lock:
             if self._clause_cache[0] == version:
                 return self._clause_cache[1]
-        rows = self.clauses.to_arrow().to_pylist()
+        rows = self._clauses.to_arrow().to_pylist()
         registry = {row["token"]: tuple(row["principals"]) for row in rows}
         with self._lock:
             self._clause_cache = (version, registry)
@@ -247,16 +223,16 @@ class Store:
         new = [{"token": t, "principals": sorted(p)} for t, p in clauses.items() if t not in known]
         if new:
             rows = pa.Table.from_pylist(new, schema=CLAUSES_SCHEMA)
-            merge = self.clauses.merge_insert("token").when_not_matched_insert_all()
+            merge = self._clauses.merge_insert("token").when_not_matched_insert_all()
             retrying_conflicts(lambda: merge.execute(rows), what="registering ACL clauses")
 
     def label_registry(self) -> frozenset[str]:
         """Every label a row has carried, re-read only when the registry has a new version."""
-        version = self.labels.version
+        version = self._labels.version
         with self._lock:
             if self._label_cache[0] == version:
                 return self._label_cache[1]
-        labels = frozenset(self.labels.to_arrow().column("label").to_pylist())
+        labels = frozenset(self._labels.to_arrow().column("label").to_pylist())
         with self._lock:
             self._label_cache = (version, labels)
         return labels
@@ -266,18 +242,18 @@ class Store:
         new = sorted(set(labels) - self.label_registry())
         if new:
             rows = pa.Table.from_pydict({"label": new}, schema=LABELS_SCHEMA)
-            merge = self.labels.merge_insert("label").when_not_matched_insert_all()
+            merge = self._labels.merge_insert("label").when_not_matched_insert_all()
             retrying_conflicts(lambda: merge.execute(rows), what="registering labels")
 
     def registry_version(self) -> str:
         """Changes whenever a clause token or a label is registered (part of every filter cache key)."""
-        return _registry_version(self.clauses.version, self.labels.version)
+        return _registry_version(self._clauses.version, self._labels.version)
 
     def _labels_in_rows(self) -> set[str]:
         """Labels already on rows of a warehouse written before the label registry existed."""
-        if self.chunks.count_rows() == 0:
+        if self._chunks.count_rows() == 0:
             return set()
-        column = self.chunks.to_lance().to_table(columns=["labels"]).column("labels")
+        column = self._chunks.to_lance().to_table(columns=["labels"]).column("labels")
         return {label for label in pc.list_flatten(column).to_pylist() if label is not None}
 
     # -- documents ------------------------------------------------------------------------
@@ -303,30 +279,106 @@ class Store:
     def source_states(self, keys: Iterable[DocumentKey]) -> dict[DocumentKey, SourceState]:
         """The stored state of each document in ``keys`` that exists."""
         fields = list(SourceState.__dataclass_fields__)
-        rows = self._documents_rows(self.sources, keys, fields)
+        rows = self._documents_rows(self._sources, keys, fields)
         return {(row["tenant"], row["doc_id"]): SourceState(**{k: row[k] for k in fields}) for row in rows}
 
     def document_tenants(self, doc_id: str) -> list[str]:
         """The tenants holding a document called ``doc_id`` (a source record or source chunks),
         for an operator who names no tenant."""
-        sources = self._rows_where_in(self.sources, "doc_id", [doc_id], ["tenant"])
-        chunks = self._rows_where_in(self.chunks, "doc_id", [doc_id], ["tenant", "kind"])
+        sources = self._rows_where_in(self._sources, "doc_id", [doc_id], ["tenant"])
+        chunks = self._rows_where_in(self._chunks, "doc_id", [doc_id], ["tenant", "kind"])
         return sorted({r["tenant"] for r in sources} | {r["tenant"] for r in chunks if r["kind"] == "chunk"})
 
     def source_tags(self, keys: Iterable[DocumentKey]) -> list[GovernanceTags]:
         """The current tags of source documents (for lineage summaries)."""
-        rows = self._documents_rows(self.sources, keys, ["doc_id", *TAG_COLUMNS])
+        rows = self._documents_rows(self._sources, keys, ["doc_id", *TAG_COLUMNS])
         registry = self.clause_registry()
         return [GovernanceTags.from_row(row, registry) for row in rows]
 
     @property
     def local_path(self) -> Path | None:
         """The warehouse folder, when the warehouse is on the local file system."""
-        return Path(self.uri.removeprefix("file://")) if _is_local(self.uri) else None
+        return local_path(self.uri)
+
+    # -- reads for search -----------------------------------------------------------------
+
+    @property
+    def chunks_version(self) -> int:
+        """The latest committed version of ``chunks`` (every read sees the latest commit)."""
+        return int(self._chunks.version)
+
+    @property
+    def chunks_schema(self) -> pa.Schema:
+        return self._chunks.schema
+
+    @property
+    def policies_version(self) -> int:
+        """Changes whenever a policy is installed."""
+        return int(self._policies.version)
+
+    def count(self, where: str | None = None) -> int:
+        """Rows of ``chunks`` that ``where`` admits (every row for None)."""
+        return int(self._chunks.count_rows(where or None))
+
+    def has_vector_index(self) -> bool:
+        return has_vector_index(self._chunks)
+
+    def nearest(
+        self,
+        vector: Sequence[float] | Any,
+        *,
+        where: str | None,
+        limit: int,
+        columns: Sequence[str],
+        exact: bool,
+        nprobes: int = 0,
+        refine_factor: int = 1,
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` rows nearest ``vector`` (cosine) among those ``where`` admits (a prefilter:
+        ranking happens over admitted rows only), with ``columns`` and ``_distance``. ``exact``
+        scans them all; else the vector index is searched, probing ``nprobes`` partitions and
+        re-ranking ``refine_factor`` times ``limit`` candidates on full vectors. ``where`` None:
+        every row (benchmarks' ungoverned baseline)."""
+        builder = self._chunks.search(vector, vector_column_name="vector").distance_type("cosine")
+        if where is not None:
+            builder = builder.where(where, prefilter=True)
+        builder = builder.select([*columns, "_distance"]).limit(limit)
+        if exact:
+            builder = builder.bypass_vector_index()
+        else:
+            builder = builder.nprobes(nprobes).refine_factor(refine_factor)
+        return builder.to_list()
+
+    def read_at(self, version: int | None, where: str, columns: Sequence[str]) -> pa.Table | None:
+        """The rows ``where`` admits with ``columns``, read at the latest version; None if that is
+        no longer ``version`` (None: any version)."""
+        dataset = self._chunks.to_lance()
+        if version is not None and dataset.version != version:
+            return None
+        return dataset.to_table(columns=list(columns), filter=where)
+
+    def load_rows(self, rows: pa.Table) -> int:
+        """Append whole ``chunks`` rows as they are, unplanned (synthetic benchmark worlds, whose tags
+        were computed with their clause tokens registered); returns the new version."""
+        self._chunks.add(rows.cast(self._chunks.schema))
+        return self.chunks_version
+
+    def replace_columns(self, rows: pa.Table) -> int:
+        """Overwrite, by ``chunk_id``, the columns ``rows`` holds (a benchmark giving a world texts);
+        returns the new version."""
+        retrying_conflicts(
+            lambda: self._chunks.merge_insert("chunk_id").when_matched_update_all().execute(rows),
+            what="replacing columns",
+        )
+        return self.chunks_version
+
+    def rows_where(self, where: str, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """Every row of ``chunks`` that ``where`` admits, with ``columns``."""
+        return self._chunks.search().where(where).select(list(columns)).limit(None).to_list()
 
     def vectors_of(self, chunk_ids: Iterable[str]) -> dict[str, list[float]]:
         """Stored vectors of chunks that already exist, so unchanged text is never re-embedded."""
-        rows = self._rows_where_in(self.chunks, "chunk_id", chunk_ids, ["chunk_id", "vector"])
+        rows = self._rows_where_in(self._chunks, "chunk_id", chunk_ids, ["chunk_id", "vector"])
         return {row["chunk_id"]: row["vector"] for row in rows}
 
     def write_chunks(self, plan: Callable[[ChunksSnapshot], tuple[ChunkWrite, T]], *, what: str) -> tuple[T, int]:
@@ -341,7 +393,7 @@ class Store:
                 self.register_labels(label for row in write.rows for label in row["labels"] if label)
                 return result, snapshot.commit(write)
             except Exception as exc:
-                if is_missing_file(exc) and not is_commit_conflict(exc) and self.chunks.version != snapshot.version:
+                if is_missing_file(exc) and not is_commit_conflict(exc) and self._chunks.version != snapshot.version:
                     raise SnapshotPurged(what, snapshot.version) from exc  # a forget's purge: plan again
                 raise
 
@@ -356,7 +408,7 @@ class Store:
         names = [name for name in SOURCES_SCHEMA.names if name in rows[0] or name == "chunks_version"]
         schema = pa.schema([SOURCES_SCHEMA.field(name) for name in names])
         table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=schema)
-        merge = self.sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all(
+        merge = self._sources.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all(
             where="source.chunks_version > target.chunks_version"
         )
         if len(names) == len(SOURCES_SCHEMA.names):
@@ -368,22 +420,22 @@ class Store:
         """Delete a document's source record, unless a commit later than ``chunks_version`` (the
         erasure's) wrote it again."""
         where = f"({sql_documents([document])}) AND chunks_version <= {int(chunks_version)}"
-        retrying_conflicts(lambda: self.sources.delete(where), what="deleting a source")
+        retrying_conflicts(lambda: self._sources.delete(where), what="deleting a source")
 
     @property
     def _columns_but_vector(self) -> list[str]:
-        return [name for name in self.chunks.schema.names if name != "vector"]
+        return [name for name in self._chunks.schema.names if name != "vector"]
 
     def rows(self, chunk_ids: Iterable[str], columns: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Rows by chunk id (all columns unless ``columns``); ids not present are simply absent."""
         wanted = columns or self._columns_but_vector
-        return {r["chunk_id"]: r for r in self._rows_where_in(self.chunks, "chunk_id", chunk_ids, wanted)}
+        return {r["chunk_id"]: r for r in self._rows_where_in(self._chunks, "chunk_id", chunk_ids, wanted)}
 
     def chunk_ids_of(self, doc_id: str, tenant: str | None = None) -> list[str]:
         """The source chunks of document ``doc_id`` in ``tenant`` (None: in any tenant)."""
         if tenant is not None:
             return self.chunk_ids_of_documents([(tenant, doc_id)])
-        rows = self._rows_where_in(self.chunks, "doc_id", [doc_id], ["chunk_id", "kind"])
+        rows = self._rows_where_in(self._chunks, "doc_id", [doc_id], ["chunk_id", "kind"])
         return sorted(r["chunk_id"] for r in rows if r["kind"] == "chunk")
 
     def chunk_ids_of_documents(self, keys: Iterable[DocumentKey]) -> list[str]:
@@ -397,7 +449,7 @@ class Store:
 
     def snapshot(self) -> ChunksSnapshot:
         """The ``chunks`` table pinned at its latest version."""
-        return ChunksSnapshot(self.chunks.to_lance())
+        return ChunksSnapshot(self._chunks.to_lance())
 
     def delete(self, chunk_ids: Iterable[str], document: DocumentKey) -> int:
         """Delete rows, then their source record: no row ever outlives the record of where it came
@@ -416,7 +468,7 @@ class Store:
         committed are left to Lance's own week-long grace: they may belong to another writer's
         commit in progress, and deleting those would leave its version naming missing files."""
         removed: dict[str, int] = {}
-        for name, table in ((CHUNKS, self.chunks), (SOURCES, self.sources)):
+        for name, table in ((CHUNKS, self._chunks), (SOURCES, self._sources)):
             retrying_conflicts(
                 lambda t=table: t.to_lance().optimize.compact_files(materialize_deletions_threshold=0.0),
                 what=f"rewriting {name} without erased rows",
@@ -437,7 +489,7 @@ class Store:
 
     def versions_left(self) -> dict[str, int]:
         """How many versions of the tables that hold row content remain (after a purge: one each)."""
-        return {CHUNKS: len(self.chunks.list_versions()), SOURCES: len(self.sources.list_versions())}
+        return {CHUNKS: len(self._chunks.list_versions()), SOURCES: len(self._sources.list_versions())}
 
     def row_tenant(self, chunk_id: str) -> str | None:
         """The tenant of a derived row (a summary, note or memory), or None if there is no such row."""
@@ -446,12 +498,12 @@ class Store:
 
     def require_version(self, min_version: int | None) -> None:
         """Refuse to serve from a ``chunks`` table older than ``min_version``."""
-        if min_version is None or self.chunks.version >= min_version:
+        if min_version is None or self._chunks.version >= min_version:
             return
-        self.chunks.checkout_latest()
-        if self.chunks.version < min_version:
+        self._chunks.checkout_latest()
+        if self._chunks.version < min_version:
             raise WarehouseError(
-                f"chunks table is at version {self.chunks.version}, older than the {min_version} asked for; retry shortly"
+                f"chunks table is at version {self._chunks.version}, older than the {min_version} asked for; retry shortly"
             )
 
     def optimize(
@@ -463,21 +515,24 @@ class Store:
         Compacting first means a new index is built once over the merged fragments, not remapped
         after them. Rows not yet indexed are still searched."""
         started = time.perf_counter()
-        seconds: dict[str, float] = {}
-        rows = self.chunks.count_rows()
-        fragments_before = len(self.chunks.to_lance().get_fragments())
+        self._tidy_logs()
+        seconds: dict[str, float] = {"logs": time.perf_counter() - started}
+        started = time.perf_counter()
+        rows = self._chunks.count_rows()
+        fragments_before = len(self._chunks.to_lance().get_fragments())
         if rows == 0:
             return IndexReport(rows=0, scalar_indexes=(), vector_index=None, fragments_before=fragments_before,
-                               fragments_after=fragments_before, seconds={})  # fmt: skip
-        retrying_conflicts(lambda: compact(self.chunks), what="compacting")
+                               fragments_after=fragments_before, seconds=seconds)  # fmt: skip
+        retrying_conflicts(lambda: compact(self._chunks), what="compacting")
         seconds["compact"] = time.perf_counter() - started
-        if not any(index.index_type == "FTS" for index in self.chunks.list_indices()):
-            retrying_conflicts(lambda: self.chunks.create_index("text", config=FTS(), replace=True), what="indexing text")
+        started -= seconds["logs"]
+        if not any(index.index_type == "FTS" for index in self._chunks.list_indices()):
+            retrying_conflicts(lambda: self._chunks.create_index("text", config=FTS(), replace=True), what="indexing text")
         seconds["text_index"] = time.perf_counter() - started - sum(seconds.values())
-        scalar = retrying_conflicts(lambda: ensure_scalar_indexes(self.chunks), what="building scalar indexes")
+        scalar = retrying_conflicts(lambda: ensure_scalar_indexes(self._chunks), what="building scalar indexes")
         seconds["scalar_indexes"] = time.perf_counter() - started - sum(seconds.values())
         vector = retrying_conflicts(
-            lambda: ensure_vector_index(self.chunks, rows=rows, rebuild=rebuild_vector_index, min_rows=vector_index_min_rows),
+            lambda: ensure_vector_index(self._chunks, rows=rows, rebuild=rebuild_vector_index, min_rows=vector_index_min_rows),
             what="building the vector index",
         )
         seconds["vector_index"] = time.perf_counter() - started - sum(seconds.values())
@@ -486,47 +541,45 @@ class Store:
             scalar_indexes=scalar,
             vector_index=vector,
             fragments_before=fragments_before,
-            fragments_after=len(self.chunks.to_lance().get_fragments()),
+            fragments_after=len(self._chunks.to_lance().get_fragments()),
             seconds=seconds,
         )
 
+    def _tidy_logs(self) -> None:
+        """Merge the small files of the append-only tables (``audit``, ``api_keys``) and drop their
+        versions older than ``LOG_VERSIONS_KEPT``: neither ever deletes a row, so an old version
+        holds nothing the latest does not (a reader still on one keeps its files for that long)."""
+        present = set(self._db.list_tables().tables)
+        if AUDIT in present:
+            audit = self._audit or AuditTable(self._db, key_check="")  # opened, never created: it is there
+            retrying_conflicts(audit.compact, what="compacting the audit log")
+            audit.prune_versions(LOG_VERSIONS_KEPT)
+        if API_KEYS in present:
+            retrying_conflicts(self.api_keys.compact, what="compacting the API keys")
+            self.api_keys.prune_versions(LOG_VERSIONS_KEPT)
+
     # -- policies -------------------------------------------------------------------------
 
-    def install_policy(self, policy: Policy) -> int:
+    def install_policy(self, policy: PolicyText) -> int:
         """Append ``policy`` as the newest installed one; returns its ``seq``. Two replicas installing
         at once cannot take one ``seq`` (it is the table's primary key): the later re-reads and
         takes the next, so commit order, not any clock, decides which is in force."""
 
         def attempt() -> int:
-            dataset = self.policies.to_lance()
+            dataset = self._policies.to_lance()
             seqs = dataset.to_table(columns=["seq"]).column("seq")
             seq = (pc.max(seqs).as_py() or 0) + 1
-            row = {
-                "seq": seq,
-                "version": policy.version,
-                "source": policy.source,
-                "text": policy.source_text if policy.source_text is not None else policy.text,
-                "installed_at": datetime.now(timezone.utc),
-            }
+            row = {"seq": seq, "version": policy.version, "source": policy.source, "text": policy.stored_text,
+                   "installed_at": datetime.now(timezone.utc)}  # fmt: skip
             merge = dataset.merge_insert("seq").when_not_matched_insert_all().use_index(False).conflict_retries(0)
             merge.execute(pa.Table.from_pylist([row], schema=POLICIES_SCHEMA))
             return seq
 
         return retrying_conflicts(attempt, what="installing a policy")
 
-    def installed_policy(self) -> Policy | None:
-        """The policy of the latest install (the highest ``seq``), or None if the warehouse has none."""
-        if self.policies.count_rows() == 0:
+    def installed_policy(self) -> InstalledPolicy | None:
+        """The latest install (the highest ``seq``), or None if the warehouse has none."""
+        if self._policies.count_rows() == 0:
             return None
-        rows = self.policies.to_arrow().sort_by([("seq", "descending")]).slice(0, 1).to_pylist()
-        row = rows[0]
-        return Policy.from_text(row["text"], source=f"{self.uri} (policy {row['version']})")
-
-
-def _declare_primary_key(table: Any, column: str) -> None:
-    """Declare ``column`` the table's unenforced primary key (once), so that Lance records the keys
-    a commit inserts and refuses a concurrent commit inserting the same key."""
-    metadata = table.schema.field(column).metadata or {}
-    if any(key.startswith(b"lance-schema:unenforced-primary-key") for key in metadata):
-        return
-    retrying_conflicts(lambda: table.set_unenforced_primary_key(column), what=f"declaring the key of {table.name}")
+        row = self._policies.to_arrow().sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
+        return InstalledPolicy(seq=row["seq"], version=row["version"], source=row["source"], text=row["text"])

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .governance.sql import sql_documents, sql_in_list, sql_list
+from ..governance.sql import sql_documents, sql_in_list, sql_list
 
 DocumentKey = tuple[str, str]
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import lancedb
 import pyarrow as pa
 import pytest
+from support.raw_tables import raw_table
 
-from ragwarden import store as store_module
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
 from ragwarden.governance.policy import Policy
+from ragwarden.state import store as store_module
 from ragwarden.warehouse import Warehouse
 
 POLICY_A = "p, group:finance, acme, label:pii, read, allow\n"
@@ -61,13 +62,13 @@ def test_installs_racing_from_several_threads_each_take_their_own_place(fresh_wa
 
 def test_a_source_record_is_replaced_only_by_a_later_commits(fresh_warehouse: Warehouse, make_record):
     assert fresh_warehouse.ingest_records([make_record(id="doc-1")]).ok
-    record = fresh_warehouse.store.sources.to_arrow().to_pylist()[0]
+    record = raw_table(fresh_warehouse.store, "sources").to_arrow().to_pylist()[0]
     later = {**record, "tags_fingerprint": "later", "classification": 3}
     earlier = {**record, "tags_fingerprint": "earlier", "classification": 0}
     version = record["chunks_version"]
     fresh_warehouse.store.record_sources([later], chunks_version=version + 2)
     fresh_warehouse.store.record_sources([earlier], chunks_version=version + 1)  # finished last, committed first
-    (stored,) = fresh_warehouse.store.sources.to_arrow().to_pylist()
+    (stored,) = raw_table(fresh_warehouse.store, "sources").to_arrow().to_pylist()
     assert (stored["tags_fingerprint"], stored["classification"], stored["chunks_version"]) == ("later", 3, version + 2)
 
 
@@ -84,7 +85,7 @@ def test_a_warehouse_of_an_earlier_release_is_upgraded_in_place(tmp_path: Path, 
     db.open_table("sources").drop_columns(["chunks_version"])
 
     reopened = Warehouse(Settings(warehouse=uri), embedder=embedder)
-    numbered = sorted((r["seq"], r["version"]) for r in reopened.store.policies.to_arrow().to_pylist())
+    numbered = sorted((r["seq"], r["version"]) for r in raw_table(reopened.store, "policies").to_arrow().to_pylist())
     assert numbered == [(1, "a"), (2, "b")]  # numbered by install time, the only order recorded
     assert reopened.policy is not None and reopened.policy.version == Policy.from_text(POLICY_B).version
-    assert "chunks_version" in reopened.store.sources.schema.names
+    assert "chunks_version" in raw_table(reopened.store, "sources").schema.names

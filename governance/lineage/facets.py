@@ -1,7 +1,7 @@
 """Ragwarden's own OpenLineage facets, and the plain data a caller hands over to fill them.
 
 Every facet here is a run facet named ``ragwarden_<topic>``. Its JSON schema ships beside this
-module as ``facets/<ClassName>.json``; the schema's ``$id`` is the facet's ``_schemaURL`` without
+module as ``facet_schemas/<ClassName>.json``; the schema's ``$id`` is the facet's ``_schemaURL`` without
 the ``#/$defs/<ClassName>`` fragment, so a validator can register the file offline under that id.
 A change to a facet's fields is a new schema version (a new URL), never an edit of 1-0-0.
 """
@@ -21,7 +21,7 @@ from openlineage.client.facet_v2 import RunFacet
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from ragwarden.governance.tags import GovernanceTags
+    from ..tags import GovernanceTags
 
 SCHEMA_BASE = "https://ragwarden.dev/spec/facets/1-0-0/"
 

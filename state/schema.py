@@ -9,6 +9,8 @@ SOURCES = "sources"
 CLAUSES = "acl_clauses"
 POLICIES = "policies"
 LABELS = "labels"
+AUDIT = "audit"
+API_KEYS = "api_keys"
 
 TAG_COLUMNS = ("tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification")
 
@@ -84,3 +86,35 @@ POLICIES_SCHEMA = pa.schema(
         pa.field("installed_at", _timestamp),
     ]
 )
+
+PRIMARY_KEY = b"lance-schema:unenforced-primary-key"
+
+AUDIT_SCHEMA = pa.schema(
+    [
+        # seq is the unenforced primary key: Lance then refuses a second concurrent insert of one seq.
+        pa.field("seq", pa.int64(), nullable=False, metadata={PRIMARY_KEY: b"true"}),
+        pa.field("receipt_id", pa.string(), nullable=False),
+        pa.field("time", _timestamp, nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("operation", pa.string(), nullable=False),
+        pa.field("subject", pa.string(), nullable=False),
+        pa.field("actor", pa.string()),
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("purpose", pa.string()),
+        pa.field("query_fingerprint", pa.string()),
+        pa.field("query", pa.string()),
+        pa.field("chunk_ids", _strings, nullable=False),
+        pa.field("doc_ids", _strings, nullable=False),
+        pa.field("labels", _strings, nullable=False),
+        pa.field("chunk_labels", pa.string(), nullable=False),
+        pa.field("withheld", pa.int32(), nullable=False),
+        pa.field("allowed", pa.bool_(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("policy_version", pa.string()),
+        pa.field("table_version", pa.int64()),
+        pa.field("details", pa.string(), nullable=False),
+        pa.field("prev_hash", pa.string(), nullable=False),
+        pa.field("hash", pa.string(), nullable=False),
+    ]
+)
+"""One audit receipt per row, hash-chained by ``seq`` (``governance.audit`` computes the chain)."""

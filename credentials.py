@@ -1,4 +1,4 @@
-"""Who is calling: identity from a verified credential, and from nothing else.
+"""Who is calling: an ``Identity`` from a verified credential, and from nothing else.
 
 Two kinds of credential, both sent as ``Authorization: Bearer <credential>``:
 
@@ -8,42 +8,142 @@ Two kinds of credential, both sent as ``Authorization: Bearer <credential>``:
   configured claim the tenant; an ``act`` claim (OAuth token exchange) names an agent acting for
   the subject, which gets the subject's visibility and no more: ``act.sub`` is ``agent:NAME`` or
   ``service:NAME`` (a bare name is an agent), and a person or group there is refused;
-- an API key (``rwk_...``) for a service account, checked against the hashes in the warehouse.
+- an API key for a service account, kept in the warehouse as a hash so every replica knows it. A
+  key reads ``rwk_<key id>.<secret>``: the id finds the row, the secret is compared by its SHA-256
+  (a 256-bit random secret needs no slow hash). The secret is shown once, when created.
+
+This is the domain side of authentication: the HTTP service, the MCP server and the framework
+integrations all verify through ``authenticator_for``; the rows live in ``state.api_keys``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jwt
 
-from ..config import AuthSettings
-from ..errors import AuthenticationError
-from ..governance.tags import actor_problem, principal_problem, tenant_problem
-from .keys import PREFIX, ApiKeys
+from .config import AuthSettings
+from .errors import AuthenticationError, InvalidRequestError, NotFoundError
+from .governance.caller import Identity
+from .governance.tags import actor_problem, principal_problem, tenant_problem
+from .state.api_keys import ApiKeyRow, ApiKeysTable
+from .state.tables import connect
 
 if TYPE_CHECKING:
-    from ..warehouse import Warehouse
+    from .warehouse import Warehouse
 
+__all__ = ["PREFIX", "ApiKey", "ApiKeys", "Authenticator", "api_keys_at", "authenticator_for"]
+
+PREFIX = "rwk_"
 ASYMMETRIC = ("RS256", "ES256")
 JWKS_REFRESH_SECONDS = 300
 
 
-@dataclass(frozen=True, kw_only=True)
-class Identity:
-    """A verified caller: the subject whose rights apply, its tenant, and the agent acting for it."""
+# -- API keys -------------------------------------------------------------------------------------
 
+
+@dataclass(frozen=True, kw_only=True)
+class ApiKey:
+    """A stored key, without its secret."""
+
+    key_id: str
     subject: str
     tenant: str
-    actor: str | None = None
-    method: str = "jwt"  # "jwt" or "api-key"
+    created_at: datetime
+    revoked: bool
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"subject": self.subject, "tenant": self.tenant, "actor": self.actor, "method": self.method}
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+class ApiKeys:
+    """Create, verify, list and revoke the API keys of one warehouse.
+
+    ``table`` is the warehouse's keys table, or a function that opens it: then it is opened at the
+    first use, so a service that never meets a key never creates the table."""
+
+    def __init__(self, table: ApiKeysTable | Callable[[], ApiKeysTable]) -> None:
+        self._table: ApiKeysTable | None = None
+        self._open: Callable[[], ApiKeysTable] | None = None
+        if isinstance(table, ApiKeysTable):
+            self._table = table
+        else:
+            self._open = table
+
+    @property
+    def table(self) -> ApiKeysTable:
+        """The keys' table, opened now if it was given as a function."""
+        if self._table is None:
+            assert self._open is not None
+            self._table = self._open()
+        return self._table
+
+    def create(self, *, subject: str, tenant: str) -> str:
+        """A new key for ``subject`` in ``tenant``; returns the full key, which is not stored."""
+        problem = principal_problem(subject) or tenant_problem(tenant)
+        if problem:
+            raise InvalidRequestError(problem)
+        if not subject.startswith(("service:", "user:")):
+            raise InvalidRequestError(f"an API key's subject must be service:NAME or user:NAME, not {subject!r}")
+        key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
+        row = ApiKeyRow(
+            key_id=key_id,
+            key_hash=_digest(secret),
+            subject=subject,
+            tenant=tenant,
+            created_at=datetime.now(UTC),
+            revoked=False,
+        )
+        self.table.insert(row)
+        return f"{PREFIX}{key_id}.{secret}"
+
+    def verify(self, key: str) -> ApiKey:
+        """The key's record, if ``key`` is a live key; ``AuthenticationError`` otherwise."""
+        key_id, _, secret = key.removeprefix(PREFIX).partition(".")
+        if not key.startswith(PREFIX) or len(key_id) != 16 or not secret or not key_id.isalnum():
+            raise AuthenticationError("malformed API key; expected rwk_<id>.<secret>")
+        row = self.table.get(key_id)
+        if row is None or not hmac.compare_digest(row.key_hash, _digest(secret)):
+            raise AuthenticationError("unknown API key")
+        if row.revoked:
+            raise AuthenticationError("API key has been revoked")
+        return _record(row)
+
+    def revoke(self, key_id: str) -> None:
+        """Revoke a key for good: it stops verifying at once, on every replica."""
+        if self.table.get(key_id) is None:
+            raise NotFoundError(f"API key {key_id!r} not found; `ragwarden apikey list` shows the keys")
+        self.table.set_revoked(key_id)
+
+    def list(self) -> list[ApiKey]:
+        """Every key, revoked ones too, oldest first."""
+        return [_record(row) for row in self.table.rows()]
+
+
+def api_keys_at(warehouse: str, storage_options: Mapping[str, str] | None = None) -> ApiKeys:
+    """The API keys of the warehouse at ``warehouse`` (a folder or an object-store URI), without
+    opening the warehouse itself (no embedding model is loaded): for the ``apikey`` commands, and
+    for a stdio server checking its token before it starts. The table is opened at the first use."""
+    return ApiKeys(lambda: ApiKeysTable(connect(warehouse, storage_options)))
+
+
+def _record(row: ApiKeyRow) -> ApiKey:
+    return ApiKey(
+        key_id=row.key_id, subject=row.subject, tenant=row.tenant, created_at=row.created_at, revoked=row.revoked
+    )
+
+
+# -- credentials ----------------------------------------------------------------------------------
 
 
 class _Jwks:
@@ -60,7 +160,7 @@ class _Jwks:
         if self.location.startswith(("http://", "https://")):
             from urllib.request import urlopen
 
-            with urlopen(self.location, timeout=5) as response:  # noqa: S310 - a configured URL
+            with urlopen(self.location, timeout=5) as response:  # a configured URL
                 return response.read().decode("utf-8")
         return Path(self.location).read_text(encoding="utf-8")
 
@@ -181,5 +281,5 @@ class Authenticator:
 
 def authenticator_for(warehouse: Warehouse, auth: AuthSettings | None = None) -> Authenticator:
     """The authenticator of a warehouse's services: ``auth`` (by default the warehouse's own auth
-    settings) and the API keys stored in the warehouse."""
-    return Authenticator(auth or warehouse.settings.auth, ApiKeys(warehouse.store.db))
+    settings) and the API keys stored in the warehouse (their table opened at the first key)."""
+    return Authenticator(auth or warehouse.settings.auth, ApiKeys(lambda: warehouse.store.api_keys))

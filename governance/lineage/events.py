@@ -38,7 +38,7 @@ from openlineage.client.facet_v2 import (
     schema_dataset,
 )
 
-from ragwarden.governance.lineage_facets import PRODUCER, VERSION, ChunksOutput, RagwardenSourcesRunFacet
+from .facets import PRODUCER, VERSION, ChunksOutput, RagwardenSourcesRunFacet
 
 Job = Literal["ingest", "derive", "sync", "forget"]
 JOBS: tuple[Job, ...] = ("ingest", "derive", "sync", "forget")

@@ -2,12 +2,12 @@
 
 Each run of ``ingest``, ``derive``, ``sync`` or ``forget`` (job namespace ``ragwarden``, job
 name ``ragwarden.<job>``) emits START, then COMPLETE or FAIL. Inputs are the sources' datasets,
-named by the OpenLineage conventions (see :mod:`ragwarden.governance.lineage_events`); more than
+named by the OpenLineage conventions (see :mod:`ragwarden.governance.lineage.events`); more than
 :data:`MAX_LISTED_INPUTS` distinct sources are listed as one input, the warehouse's ``sources``
 table, with the real count in the ``ragwarden_sources`` facet. The output is the warehouse's
 ``chunks`` table; on COMPLETE at its new version, with its schema, the column lineage
 ``vector <- text <- source text``, and ragwarden's chunking, embedding and governance facets
-(schemas in ``governance/facets/``). FAIL carries the standard ``errorMessage`` facet.
+(schemas in ``governance/lineage/facet_schemas/``). FAIL carries the standard ``errorMessage`` facet.
 
 Delivery: an event is first written to ``<lineage_dir>/spool/`` and only then sent; its file is
 deleted once the transport has taken it, and kept (with a logged warning) otherwise. Each new
@@ -15,7 +15,7 @@ run starts by sending what is spooled, oldest first (the run's own START goes af
 events left by a backend that was down go out on the next run, or on :meth:`LineageEmitter.flush`.
 A flush stops at the first failure, keeping the order, and a run whose START found the backend
 down spools its later events without trying again: a down backend costs a run one attempt
-(about a second with the bounded HTTP transport, :mod:`~ragwarden.governance.lineage_config`).
+(about a second with the bounded HTTP transport, :mod:`~ragwarden.governance.lineage.config`).
 Nothing here raises to the caller once the emitter is built; failures are logged.
 
 Delivery is once per event: runId and eventTime are fixed when the event is made and a re-send
@@ -46,32 +46,17 @@ from openlineage.client.serde import Serde
 from openlineage.client.transport import Transport
 from openlineage.client.uuid import generate_new_uuid
 
-from ragwarden.governance.lineage_config import lineage_disabled, make_client
-from ragwarden.governance.lineage_events import (
+from .config import lineage_disabled, make_client
+from .events import (
     JOBS,
-    MAX_LISTED_INPUTS,
     Job,
     LineageRun,
-    location_dataset,
     run_event,
-    source_dataset,
 )
-from ragwarden.governance.lineage_facets import Chunking, ChunksOutput, Embedding, GovernanceSummary
-from ragwarden.governance.lineage_spool import Spool
+from .facets import ChunksOutput
+from .spool import Spool
 
-__all__ = [
-    "MAX_LISTED_INPUTS",
-    "Chunking",
-    "ChunksOutput",
-    "Embedding",
-    "FlushReport",
-    "GovernanceSummary",
-    "LineageEmitter",
-    "LineageRun",
-    "RunScope",
-    "location_dataset",
-    "source_dataset",
-]
+__all__ = ["FlushReport", "LineageEmitter", "RunScope"]
 
 log = logging.getLogger(__name__)
 _REFUSED_FOR_CONTENT = frozenset({400, 413, 415, 422})

@@ -27,7 +27,7 @@ import yaml
 from openlineage.client import OpenLineageClient
 from openlineage.client.utils import deep_merge_dicts
 
-from ragwarden.errors import ConfigurationError
+from ...errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import WarehouseError
+from ..errors import WarehouseError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,0 +1,149 @@
+"""The one permission gate: every operation of the face asks it once, and it decides, records the
+receipt (allowed or refused, with the reason) and hands the decision to the operation.
+
+What is needed depends on the operation: a grant of it in the caller's tenant (ingest, derive,
+sync, forget, admin), ``audit`` there (lineage, receipts, inventory), ``audit`` unless the caller
+asks about itself (explain, access review), or nothing but a user (search and get, whose rows are
+decided one by one and recorded as a retrieval). The operator (no caller: the process itself, as
+the CLI runs) needs no grant; its runs are recorded once per tenant they touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeVar
+
+from .errors import NotFoundError, PermissionDeniedError
+from .governance.audit import AuditLog, Receipt
+from .governance.caller import Caller
+from .governance.operations import Operation
+from .governance.policy import Policy
+from .state import operation_named
+
+T = TypeVar("T")
+OPERATOR = "local:operator"  # the subject receipts name for operations run in-process (no caller)
+ANY_TENANT = "*"  # the tenant receipts name for operator runs, which may span tenants
+
+
+class Need(Enum):
+    """What a caller needs for an operation to run."""
+
+    GRANT = "the operation's grant in the caller's tenant"
+    AUDIT = "audit in the caller's tenant"
+    SELF_OR_AUDIT = "asking about itself, or audit in the caller's tenant"
+    READ = "to be a user: rows are decided one by one"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Permission:
+    """The gate's decision on one request, with the policy it was made under (the operation uses
+    that same policy) and whether the caller holds ``audit`` (an auditor is shown more)."""
+
+    operation: Operation
+    caller: Caller | None
+    allowed: bool
+    reason: str
+    policy: Policy | None
+    auditor: bool = False
+
+
+class PermissionGate:
+    """Decides, records and hands over: ``run`` is the one entry every operation goes through."""
+
+    def __init__(
+        self, *, audit: AuditLog, policy: Callable[[], Policy | None], table_version: Callable[[], int]
+    ) -> None:
+        self._audit = audit
+        self._policy = policy
+        self._table_version = table_version
+
+    def decide(
+        self, operation: Operation, caller: Caller | None, need: Need, *, about: str | None = None
+    ) -> Permission:
+        """Whether ``caller`` may run ``operation`` under the policy in force (read once, here)."""
+        policy = self._policy()
+
+        def permit(allowed: bool, reason: str, auditor: bool = False) -> Permission:
+            return Permission(operation=operation, caller=caller, allowed=allowed, reason=reason, policy=policy,
+                              auditor=auditor)  # fmt: skip
+
+        if caller is None:
+            return permit(True, f"{operation} run by the operator")
+        if need is Need.READ:
+            return permit(True, "rows are decided one by one")
+        if policy is None:
+            if operation is Operation.EXPLAIN:  # the answer is "not visible", whoever asks
+                return permit(True, "no policy is in force: nothing is visible")
+            if need is Need.GRANT:
+                return permit(False, f"no policy is in force, so {operation} is granted to no one")
+            return permit(False, "no policy is in force, so nothing may be reviewed")
+        if need is Need.GRANT:
+            decision = policy.allows_operation(caller.subject, caller.tenant, operation)
+            return permit(decision.allowed, decision.reason)
+        auditor = policy.allows_operation(caller.subject, caller.tenant, Operation.AUDIT).allowed
+        if auditor:
+            return permit(True, f"{caller.subject} holds audit in {caller.tenant}", auditor=True)
+        if need is Need.SELF_OR_AUDIT and about == caller.subject:
+            return permit(True, f"{caller.subject} asks about itself")
+        if operation is Operation.EXPLAIN:
+            return permit(False, f"{caller.subject} may explain only its own access; asking about {about} needs audit")
+        return permit(False, f"{caller.subject} is not granted audit in {caller.tenant}")
+
+    def run(
+        self,
+        operation: Operation,
+        caller: Caller | None,
+        need: Need,
+        action: Callable[[Permission], T],
+        describe: Callable[[T], Mapping[str, Any]],
+        *,
+        about: str | None = None,
+        touched: Callable[[T], Mapping[str, Sequence[str]]] | None = None,
+    ) -> T:
+        """Decide; record a refusal and raise ``PermissionDeniedError``, or run ``action`` with the
+        permission and record what ``describe`` says of its result. A ``NotFoundError`` or
+        ``PermissionDeniedError`` from the action is recorded as a refusal too.
+
+        ``touched`` gives, for an operator's run, the documents it wrote in each tenant: the run is
+        then recorded once per tenant, naming only that tenant's documents, so each tenant's auditor
+        sees what was done to it and nothing of the others."""
+        with operation_named(str(operation)):  # a storage failure names this operation
+            permission = self.decide(operation, caller, need, about=about)
+            kind = "retrieval" if need is Need.READ else "decision"
+            if not permission.allowed:
+                self._record(permission, kind, {"allowed": False, "reason": permission.reason})
+                raise PermissionDeniedError(permission.reason)
+            try:
+                result = action(permission)
+            except (NotFoundError, PermissionDeniedError) as exc:
+                self._record(permission, kind, {"allowed": False, "reason": str(exc)})
+                raise
+            described = {"allowed": True, **describe(result)}
+            by_tenant = {t: ids for t, ids in (touched(result) if touched and caller is None else {}).items() if ids}
+            if not by_tenant:
+                self._record(permission, kind, described)
+            if len(by_tenant) > 1:  # counts and details span tenants: each tenant's receipt names only its own
+                described = {"allowed": True, "reason": f"{operation} run by the operator", "details": {}}
+            for tenant, doc_ids in sorted(by_tenant.items()):
+                self._record(permission, kind, {**described, "doc_ids": tuple(doc_ids)}, tenant=tenant)
+            return result
+
+    def _record(
+        self, permission: Permission, kind: str, fields: Mapping[str, Any], *, tenant: str | None = None
+    ) -> None:
+        caller = permission.caller
+        policy = permission.policy
+        receipt: dict[str, Any] = {
+            "kind": kind,
+            "operation": str(permission.operation),
+            "subject": caller.subject if caller else OPERATOR,
+            "actor": caller.actor if caller else None,
+            "tenant": tenant or (caller.tenant if caller else ANY_TENANT),
+            "policy_version": policy.version if policy else None,
+            **fields,
+        }
+        if receipt.get("table_version") is None:
+            receipt["table_version"] = self._table_version()
+        self._audit.append(Receipt(**receipt))

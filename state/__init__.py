@@ -1,0 +1,37 @@
+"""State: the only door to the warehouse's LanceDB tables.
+
+Every table (chunks, sources, the clause and label registries, policies, audit, api_keys), its
+schema and indexes, commit retries, version pruning and damage checks live here, and so does the
+one place a Lance failure becomes a ``WarehouseError``. What leaves is rows, counts and versions,
+never a Lance table: the layers above (ingest, retrieval, the face) ask typed questions.
+"""
+
+from __future__ import annotations
+
+from .api_keys import ApiKeysTable
+from .audit_table import AuditTable
+from .indexing import IndexReport, vector_index_partitions
+from .schema import TAG_COLUMNS, chunks_schema
+from .snapshot import ChunksSnapshot, ChunkWrite
+from .store import DocumentKey, InstalledPolicy, Registries, SourceState, Store
+from .tables import operation_named
+from .text_analysis import ANALYZER, terms_of_words
+
+__all__ = [
+    "ANALYZER",
+    "TAG_COLUMNS",
+    "ApiKeysTable",
+    "AuditTable",
+    "ChunkWrite",
+    "ChunksSnapshot",
+    "DocumentKey",
+    "IndexReport",
+    "InstalledPolicy",
+    "Registries",
+    "SourceState",
+    "Store",
+    "chunks_schema",
+    "operation_named",
+    "terms_of_words",
+    "vector_index_partitions",
+]

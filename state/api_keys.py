@@ -1,0 +1,85 @@
+"""The ``api_keys`` table: one row per API key, holding its hash and never its secret.
+
+What a key is, how it is made and checked, is ``credentials``; this module only stores rows. A key
+is never deleted (a revoked one stays, so its id is never reused), which makes the table a log:
+``Store`` compacts it and prunes its old versions as it does the audit table's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from ..governance.sql import sql_string
+from .schema import API_KEYS
+from .tables import damaged_files, local_path, names_storage_failures, open_table
+
+API_KEYS_SCHEMA = pa.schema(
+    [
+        pa.field("key_id", pa.string(), nullable=False),
+        pa.field("key_hash", pa.string(), nullable=False),
+        pa.field("subject", pa.string(), nullable=False),
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("revoked", pa.bool_(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiKeyRow:
+    """One stored key: its id, the hash of its secret, who it acts as, and whether it is revoked."""
+
+    key_id: str
+    key_hash: str
+    subject: str
+    tenant: str
+    created_at: datetime
+    revoked: bool
+
+
+@names_storage_failures
+class ApiKeysTable:
+    """The API keys' rows in one warehouse (``db``: its LanceDB connection); the table is created
+    empty when this opens it and it is absent."""
+
+    def __init__(self, db: Any) -> None:
+        self.uri: str = db.uri
+        self._table = open_table(db, API_KEYS, API_KEYS_SCHEMA)
+
+    def damaged_files(self) -> list[str]:
+        return damaged_files(local_path(self.uri), {API_KEYS: self._table})
+
+    def insert(self, row: ApiKeyRow) -> None:
+        """Append ``row`` (its ``key_id`` is fresh: 64 random bits)."""
+        self._table.add(pa.Table.from_pylist([asdict(row)], schema=API_KEYS_SCHEMA))
+
+    def get(self, key_id: str) -> ApiKeyRow | None:
+        """The row of ``key_id``; None when there is none (or, never expected, more than one)."""
+        rows = self._table.search().where(f"key_id = {sql_string(key_id)}").limit(2).to_list()
+        return _row(rows[0]) if len(rows) == 1 else None
+
+    def rows(self) -> list[ApiKeyRow]:
+        """Every key, oldest first."""
+        return [_row(row) for row in self._table.to_arrow().sort_by("created_at").to_pylist()]
+
+    def set_revoked(self, key_id: str) -> None:
+        """Mark the row of ``key_id`` revoked (a missing id changes nothing)."""
+        self._table.update(where=f"key_id = {sql_string(key_id)}", values={"revoked": True})
+
+    def compact(self) -> None:
+        """Merge the table's small data files (each key written is one); rows are unchanged."""
+        self._table.to_lance().optimize.compact_files()
+        self._table.checkout_latest()
+
+    def prune_versions(self, older_than: timedelta) -> int:
+        """Drop versions older than ``older_than``; returns how many went. No row is ever deleted,
+        so an old version holds nothing the latest does not."""
+        return int(self._table.to_lance().cleanup_old_versions(older_than=older_than).old_versions)
+
+
+def _row(columns: dict[str, Any]) -> ApiKeyRow:
+    return ApiKeyRow(**{name: columns[name] for name in API_KEYS_SCHEMA.names})

@@ -1,0 +1,164 @@
+"""Opening the warehouse's LanceDB connection and tables, and the one place a Lance failure
+becomes a ``WarehouseError``.
+
+Every process opens the warehouse with ``read_consistency_interval=0`` so each read sees the
+latest commit: a replica never serves a revoked ACL from a stale handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lancedb
+import pyarrow as pa
+
+from ..errors import RagwardenError, WarehouseError
+from .commit_retry import is_commit_conflict, retrying_conflicts
+
+C = TypeVar("C", bound=type)
+_OPERATION: ContextVar[str | None] = ContextVar("ragwarden_operation", default=None)
+
+_LANCE_FAILURES = ("LanceError", "lance error", "External error", "Object at location")
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EROFS, errno.EDQUOT}
+
+
+def storage_failure(
+    uri: str, operation: str, exc: BaseException, damaged: Callable[[], list[str]] = list
+) -> WarehouseError | None:
+    """``exc`` as a WarehouseError naming the warehouse, the operation and the ``damaged()`` files
+    when it is a failure to read or write the warehouse's files (a missing or damaged file, a full
+    disk); None for any other exception."""
+    text = str(exc)
+    lance = isinstance(exc, (RuntimeError, OSError, pa.ArrowException)) and any(
+        mark in text for mark in _LANCE_FAILURES
+    )
+    if not lance and not (isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS):
+        return None
+    detail = text.splitlines()[0] if text else type(exc).__name__
+    if is_commit_conflict(exc):
+        return WarehouseError(
+            f"warehouse {uri!r}: {operation} lost a commit race to a concurrent writer ({detail}); try again"
+        )
+    files = damaged()
+    named = f" Missing or damaged: {', '.join(files)}." if files else ""
+    return WarehouseError(
+        f"warehouse {uri!r}: {operation} failed reading or writing its files: {detail}.{named} "
+        "Committed versions are untouched: free space or restore the damaged files from a backup, then retry"
+    )
+
+
+def names_storage_failures(cls: C) -> C:
+    """Class decorator of the state layer's table classes: a failure of any public method to read or
+    write the warehouse's files leaves as a WarehouseError naming the warehouse, the operation and
+    (where Lance knows it) the damaged files, never as a bare Lance error. The class provides
+    ``uri`` and ``damaged_files()``."""
+    for name, method in list(vars(cls).items()):
+        if name.startswith("_") or not callable(method) or isinstance(method, (staticmethod, classmethod, type)):
+            continue
+        setattr(cls, name, _naming(method))
+    return cls
+
+
+@contextlib.contextmanager
+def operation_named(name: str) -> Iterator[None]:
+    """Within this block a storage failure names ``name`` (the caller's operation, say ``search``)
+    rather than the state method that met it."""
+    token = _OPERATION.set(name)
+    try:
+        yield
+    finally:
+        _OPERATION.reset(token)
+
+
+def _naming(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def run(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except RagwardenError:
+            raise
+        except Exception as exc:
+            failure = storage_failure(self.uri, _OPERATION.get() or method.__name__, exc, self.damaged_files)
+            if failure is None:
+                raise
+            raise failure from exc
+
+    return run
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def local_path(uri: str) -> Path | None:
+    """The warehouse folder, when the warehouse is on the local file system."""
+    return Path(uri.removeprefix("file://")) if is_local(uri) else None
+
+
+def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
+    """A LanceDB connection to the warehouse (a local folder is created) that sees every commit at
+    once; ``storage_options`` configure an object store."""
+    if is_local(uri):
+        Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    try:
+        return lancedb.connect(
+            uri, read_consistency_interval=timedelta(0), storage_options=dict(storage_options or {}) or None
+        )
+    except Exception as exc:  # lancedb raises plain exceptions for bad URIs
+        raise WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+
+
+def open_table(db: Any, name: str, schema: pa.Schema) -> Any:
+    """Table ``name`` of the warehouse, created empty if absent; refused if its schema differs."""
+    try:
+        try:  # opened, not created with exist_ok: that compares field metadata such as a primary key
+            table = db.open_table(name)
+        except ValueError:  # not there yet
+            try:
+                table = db.create_table(name, schema=schema)
+            except Exception:  # another process created it first
+                table = db.open_table(name)
+    except Exception as exc:
+        raise WarehouseError(f"warehouse {db.uri!r}: table {name!r} cannot be opened: {exc}") from exc
+    if not table.schema.equals(schema, check_metadata=False):
+        raise WarehouseError(
+            f"warehouse {db.uri!r}: table {name!r} has schema {table.schema}, expected {schema}; "
+            "it was written by another version or another embedding model"
+        )
+    return table
+
+
+def declare_primary_key(table: Any, column: str) -> None:
+    """Declare ``column`` the table's unenforced primary key (once), so that Lance records the keys
+    a commit inserts and refuses a concurrent commit inserting the same key."""
+    metadata = table.schema.field(column).metadata or {}
+    if any(key.startswith(b"lance-schema:unenforced-primary-key") for key in metadata):
+        return
+    retrying_conflicts(lambda: table.set_unenforced_primary_key(column), what=f"declaring the key of {table.name}")
+
+
+def damaged_files(root: Path | None, tables: Mapping[str, Any]) -> list[str]:
+    """Data files a table's current version names that are missing or not the size it recorded
+    (local warehouses; for diagnosis after a failed read, so it never raises)."""
+    found: list[str] = []
+    if root is None:
+        return found
+    for name, table in tables.items():
+        folder = root / f"{name}.lance" / "data"
+        try:
+            for fragment in table.to_lance().get_fragments():
+                for data in fragment.data_files():
+                    path = folder / data.path
+                    size = path.stat().st_size if path.exists() else None
+                    if size is None or (data.file_size_bytes is not None and size != data.file_size_bytes):
+                        found.append(str(path))
+        except Exception as exc:  # a table whose manifest cannot be read is damaged as a whole
+            found.append(f"{root / f'{name}.lance'} ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+    return found

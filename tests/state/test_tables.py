@@ -1,0 +1,53 @@
+"""Every table is the state layer's to check and tidy: damage in the audit log is named like damage
+anywhere, a Lance failure leaves as a WarehouseError naming the caller's operation, and the
+append-only logs' old versions are pruned by the usual optimize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.raw_tables import raw_table
+
+from ragwarden.errors import WarehouseError
+from ragwarden.state import store as store_module
+from ragwarden.state.schema import AUDIT_SCHEMA
+from ragwarden.warehouse import Warehouse
+
+
+def _audit_files(warehouse: Warehouse) -> list[Path]:
+    return sorted((Path(warehouse.uri) / "audit.lance" / "data").glob("*.lance"))
+
+
+def test_a_damaged_audit_file_is_named_and_the_question_fails_naming_the_operation(small_warehouse: Warehouse):
+    small_warehouse.search("cafeteria menu", subject="user:alice", tenant="acme")
+    assert small_warehouse.store.damaged_files() == []
+    files = _audit_files(small_warehouse)
+    files[0].unlink()
+    assert str(files[0]) in small_warehouse.store.damaged_files()
+    with pytest.raises(WarehouseError) as caught:
+        small_warehouse.receipts(caller="user:carol", tenant="acme")
+    assert str(files[0]) in str(caught.value) and "audit failed" in str(caught.value)
+
+
+def test_optimize_prunes_the_old_versions_of_the_audit_log_and_keeps_every_receipt(
+    small_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
+):
+    for _ in range(3):
+        small_warehouse.search("cafeteria menu", subject="user:alice", tenant="acme")
+    audit = raw_table(small_warehouse.store, "audit")
+    receipts = audit.count_rows()
+    assert len(audit.list_versions()) > 3
+    small_warehouse.store.optimize()
+    assert len(raw_table(small_warehouse.store, "audit").list_versions()) > 3  # younger than an hour: kept
+    monkeypatch.setattr(store_module, "LOG_VERSIONS_KEPT", store_module.timedelta(0))
+    small_warehouse.store.optimize()
+    audit = raw_table(small_warehouse.store, "audit")
+    assert len(audit.list_versions()) == 1 and audit.count_rows() == receipts
+    assert small_warehouse.audit.verify().ok
+
+
+def test_the_audit_schema_holds_exactly_what_the_chain_covers_and_the_hash():
+    from ragwarden.governance.audit import _CHAINED
+
+    assert sorted({*_CHAINED, "hash"}) == sorted(AUDIT_SCHEMA.names)
