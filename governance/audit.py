@@ -8,9 +8,11 @@ receipt (``_CHAINED``). Receipts keep ids, labels, counts and hashes; never chun
 query only when the caller passes it.
 
 Several processes may append at once, on a local folder or on object storage alike, without file
-locks. A writer reads the head (the highest ``seq`` and its hash), builds receipt ``seq + 1`` on
-it and inserts it only if ``seq`` is still free: the table refuses a second insert of one ``seq``,
-even by a concurrent commit. The writer then re-reads the head and tries again (bounded).
+locks. Within a process, one appender commits the receipts of concurrent callers together
+(``appender.GroupCommit``); each caller returns once its receipt is durable. The appender reads
+the head (the highest ``seq`` and its hash) and commits the batch, chained on it, at the version it
+read: a commit by another process since then that took one of its ``seq`` makes Lance refuse the
+batch, which is then built again on the new head (bounded).
 
 What the chain proves, and what it does not:
 
@@ -23,10 +25,9 @@ What the chain proves, and what it does not:
   table can tell that the tail is gone. Record ``head()`` somewhere else from time to time
   (a ticket, a log shipper, another store) and compare it with the log to detect truncation.
 
-Each receipt lands as a small data file and reading the head scans them all, so the writer of
-every ``compact_every``-th receipt merges them (compaction commutes with concurrent appends). Each
-attempt that loses a race still commits an empty table version: the warehouse's ``optimize``
-prunes old versions of the log.
+Each batch lands as a small data file and reading the head scans them all, so the writer that
+passes every ``compact_every``-th receipt merges them and drops versions older than a few
+minutes (compaction commutes with concurrent appends); the warehouse's ``optimize`` does the same.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ import random
 import re
 import time as _time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from ..errors import ConfigurationError, InvalidRequestError, WarehouseError
+from .appender import GroupCommit
 from .operations import ALL_OPERATIONS
 from .sql import sql_list, sql_string
 
@@ -82,10 +84,12 @@ class ReceiptTable(Protocol):
     def schema_intact(self) -> bool: ...
     def count(self) -> int: ...
     def head(self, floor: int = 0) -> tuple[int, str] | None: ...
-    def insert_if_free(self, row: Mapping[str, Any]) -> bool: ...
+    def append_on_head(
+        self, build: Callable[[int, str], Sequence[Mapping[str, Any]]], floor: int = 0
+    ) -> Sequence[Mapping[str, Any]] | None: ...
     def rows(self, where: str | None = None) -> list[dict[str, Any]]: ...
     def all_rows(self) -> list[dict[str, Any]]: ...
-    def compact(self) -> None: ...
+    def compact(self) -> int: ...
 
 
 def fingerprint(query: str) -> str:
@@ -301,6 +305,7 @@ class AuditLog:
         self._table = table_for(self._key_check)
         self._key_problem_at_open = self._key_problem()  # the key check never changes legitimately
         self._head: tuple[int, str] = (0, GENESIS_HASH)
+        self._appender: GroupCommit[Receipt, StoredReceipt] = GroupCommit(self._commit, name="audit-appender")
         self.lost_races = 0  # appends that found their seq taken and retried (for monitoring)
 
     def _key_problem(self) -> str | None:
@@ -352,42 +357,51 @@ class AuditLog:
         return self._read_head()
 
     def append(self, receipt: Receipt) -> StoredReceipt:
-        """Add ``receipt`` at the end of the chain and return it as stored.
+        """Add ``receipt`` at the end of the chain and return it as stored, once it is durable.
 
-        Races with other writers are settled by ``seq``: a writer whose ``seq`` was taken
-        re-reads the head and tries again, up to a bound.
+        The process's receipts are committed by one appender, in batches (``appender``); races with
+        other processes are settled by ``seq``: a batch whose first ``seq`` was taken is built again
+        on the new head, up to a bound.
         """
         if not isinstance(receipt, Receipt):
             raise InvalidRequestError(f"append needs a Receipt, got {type(receipt).__name__}")
         if self._key_problem_at_open:
             raise ConfigurationError(f"{self._key_problem_at_open}; open it with the key it was created with")
-        columns = _columns_of(receipt)
+        return self._appender.submit(receipt)
+
+    def _commit(self, receipts: Sequence[Receipt]) -> list[StoredReceipt]:
+        """Chain ``receipts`` onto the head and commit them at once; again on a new head if another
+        writer took the next ``seq`` meanwhile."""
+        columns = [_columns_of(receipt) for receipt in receipts]
+
+        def chained(head_seq: int, head_hash: str) -> list[dict[str, Any]]:
+            rows: list[dict[str, Any]] = []
+            for offset, values in enumerate(columns, start=1):
+                row = {**values, "seq": head_seq + offset, "receipt_id": str(uuid.uuid4()),
+                       "time": datetime.now(timezone.utc), "prev_hash": rows[-1]["hash"] if rows else head_hash or GENESIS_HASH}  # fmt: skip
+                row["hash"] = self._hash(row)
+                rows.append(row)
+            return rows
+
         for attempt in range(_MAX_ATTEMPTS):
-            head_seq, head_hash = self._read_head()
-            row = {
-                **columns,
-                "seq": head_seq + 1,
-                "receipt_id": str(uuid.uuid4()),
-                "time": datetime.now(timezone.utc),
-                "prev_hash": head_hash,
-            }
-            row["hash"] = self._hash(row)
-            if self._table.insert_if_free(row):
-                self._head = (row["seq"], row["hash"])
-                if self._compact_every and row["seq"] % self._compact_every == 0:
+            rows = self._table.append_on_head(chained, self._head[0])
+            if rows is not None:
+                first, last = rows[0], rows[-1]
+                self._head = (last["seq"], last["hash"])
+                if self._compact_every and (first["seq"] - 1) // self._compact_every != last["seq"] // self._compact_every:
                     self._compact_quietly()
-                return StoredReceipt(
-                    **{name: getattr(receipt, name) for name in _RECEIPT_FIELDS},
-                    seq=row["seq"],
-                    receipt_id=row["receipt_id"],
-                    time=row["time"],
-                    prev_hash=row["prev_hash"],
-                    hash=row["hash"],
-                )
+                return [
+                    StoredReceipt(
+                        **{name: getattr(receipt, name) for name in _RECEIPT_FIELDS},
+                        seq=row["seq"], receipt_id=row["receipt_id"], time=row["time"], prev_hash=row["prev_hash"],
+                        hash=row["hash"],
+                    )  # fmt: skip
+                    for receipt, row in zip(receipts, rows, strict=True)
+                ]
             self.lost_races += 1
             _time.sleep(random.uniform(0, min(_MAX_BACKOFF_S, 0.001 * 2**attempt)))
         raise WarehouseError(
-            f"the audit receipt could not be appended after {_MAX_ATTEMPTS} attempts: other writers kept "
+            f"the audit receipts could not be appended after {_MAX_ATTEMPTS} attempts: other writers kept "
             "taking the next sequence number; retry the operation, or run fewer concurrent writers"
         )
 

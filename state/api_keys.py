@@ -8,14 +8,14 @@ is never deleted (a revoked one stays, so its id is never reused), which makes t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
 
 from ..governance.sql import sql_string
 from .schema import API_KEYS
-from .tables import damaged_files, local_path, names_storage_failures, open_table
+from .tables import compact_and_prune, damaged_files, local_path, names_storage_failures, open_table
 
 API_KEYS_SCHEMA = pa.schema(
     [
@@ -70,15 +70,10 @@ class ApiKeysTable:
         """Mark the row of ``key_id`` revoked (a missing id changes nothing)."""
         self._table.update(where=f"key_id = {sql_string(key_id)}", values={"revoked": True})
 
-    def compact(self) -> None:
-        """Merge the table's small data files (each key written is one); rows are unchanged."""
-        self._table.to_lance().optimize.compact_files()
-        self._table.checkout_latest()
-
-    def prune_versions(self, older_than: timedelta) -> int:
-        """Drop versions older than ``older_than``; returns how many went. No row is ever deleted,
-        so an old version holds nothing the latest does not."""
-        return int(self._table.to_lance().cleanup_old_versions(older_than=older_than).old_versions)
+    def compact(self) -> int:
+        """Merge the table's small data files (each commit leaves one) and drop its old versions
+        (``tables.VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
+        return compact_and_prune(self._table)
 
 
 def _row(columns: dict[str, Any]) -> ApiKeyRow:

@@ -11,8 +11,7 @@ Do not build a scalar index on ``seq``: Lance's indexed merge route does not rec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import timedelta
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -20,7 +19,7 @@ import pyarrow as pa
 from ..errors import WarehouseError
 from .commit_retry import is_commit_conflict
 from .schema import AUDIT, AUDIT_SCHEMA, PRIMARY_KEY
-from .tables import damaged_files, local_path, names_storage_failures
+from .tables import compact_and_prune, damaged_files, local_path, names_storage_failures
 
 KEY_CHECK = b"ragwarden.audit.key_check"
 """Schema metadata naming the check value of the HMAC key the log was created with."""
@@ -80,16 +79,35 @@ class AuditTable:
         top = found.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
         return int(top["seq"]), str(top["hash"])
 
-    def insert_if_free(self, row: Mapping[str, Any]) -> bool:
-        """Insert ``row`` unless its ``seq`` is taken (now, or by a concurrent commit): whether it was."""
-        data = pa.Table.from_pylist([dict(row)], schema=AUDIT_SCHEMA)
+    def append_on_head(
+        self, build: Callable[[int, str], Sequence[Mapping[str, Any]]], floor: int = 0
+    ) -> list[Mapping[str, Any]] | None:
+        """Read the head ((seq, hash) of the highest receipt, (0, None) when empty; looked for at or
+        above ``floor`` first) from one pinned version, ``build`` the next rows on it, and commit them
+        on that same version: the rows, or None when a commit since then took one of their ``seq``
+        (Lance refuses it). Reading and committing at one version is what makes a lost race a
+        refusal, never a commit of the rows whose ``seq`` happened to be free."""
+        dataset = self._table.to_lance()
+        head = None
+        for low in dict.fromkeys((int(floor), 0)):
+            found = dataset.to_table(columns=["seq", "hash"], filter=f"seq >= {low}")
+            if found.num_rows:
+                top = found.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
+                head = (int(top["seq"]), str(top["hash"]))
+                break
+        rows = build(*(head or (0, "")))
+        data = pa.Table.from_pylist([dict(row) for row in rows], schema=AUDIT_SCHEMA)
+        merge = dataset.merge_insert("seq").when_not_matched_insert_all().use_index(False).conflict_retries(0)
         try:
-            result = self._table.merge_insert("seq").when_not_matched_insert_all().execute(data)
+            result = merge.execute(data)
         except Exception as exc:
             if is_commit_conflict(exc):
-                return False
-            raise WarehouseError(f"the audit receipt could not be written: {exc}") from exc
-        return bool(result.num_inserted_rows == 1)
+                return None
+            raise WarehouseError(f"the audit receipts could not be written: {exc}") from exc
+        self._table.checkout_latest()
+        if result["num_inserted_rows"] != len(rows):  # planned on the version read: never expected
+            raise WarehouseError("the audit receipts were written only in part; run verify and report it")
+        return list(rows)
 
     def rows(self, where: str | None = None) -> list[dict[str, Any]]:
         """Rows ``where`` admits (every row for None), highest ``seq`` first."""
@@ -102,13 +120,7 @@ class AuditTable:
         """Every row, lowest ``seq`` first (for verifying the chain)."""
         return self._table.to_arrow().sort_by([("seq", "ascending")]).to_pylist()
 
-    def compact(self) -> None:
-        """Merge the receipts' small data files, so reading the head stays fast; rows are unchanged."""
-        self._table.to_lance().optimize.compact_files()
-        self._table.checkout_latest()
-
-    def prune_versions(self, older_than: timedelta) -> int:
-        """Drop versions of the log older than ``older_than`` (each append, and each lost race,
-        commits one); returns how many went. Receipts are never deleted, so an old version holds
-        nothing the latest does not."""
-        return int(self._table.to_lance().cleanup_old_versions(older_than=older_than).old_versions)
+    def compact(self) -> int:
+        """Merge the table's small data files (each commit leaves one) and drop its old versions
+        (``tables.VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
+        return compact_and_prune(self._table)

@@ -52,7 +52,6 @@ from .snapshot import ChunksSnapshot, ChunkWrite
 from .tables import connect, damaged_files, declare_primary_key, local_path, names_storage_failures, open_table
 
 T = TypeVar("T")
-LOG_VERSIONS_KEPT = timedelta(hours=1)
 DOCUMENT_KEY = ("tenant", "doc_id")
 DocumentKey = tuple[str, str]
 """(tenant, doc id): a document id names a document only within its tenant, so one tenant's ids
@@ -547,16 +546,14 @@ class Store:
 
     def _tidy_logs(self) -> None:
         """Merge the small files of the append-only tables (``audit``, ``api_keys``) and drop their
-        versions older than ``LOG_VERSIONS_KEPT``: neither ever deletes a row, so an old version
+        versions older than ``audit_table.VERSIONS_KEPT``: neither ever deletes a row, so an old version
         holds nothing the latest does not (a reader still on one keeps its files for that long)."""
         present = set(self._db.list_tables().tables)
         if AUDIT in present:
             audit = self._audit or AuditTable(self._db, key_check="")  # opened, never created: it is there
             retrying_conflicts(audit.compact, what="compacting the audit log")
-            audit.prune_versions(LOG_VERSIONS_KEPT)
         if API_KEYS in present:
             retrying_conflicts(self.api_keys.compact, what="compacting the API keys")
-            self.api_keys.prune_versions(LOG_VERSIONS_KEPT)
 
     # -- policies -------------------------------------------------------------------------
 

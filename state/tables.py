@@ -144,6 +144,19 @@ def declare_primary_key(table: Any, column: str) -> None:
     retrying_conflicts(lambda: table.set_unenforced_primary_key(column), what=f"declaring the key of {table.name}")
 
 
+VERSIONS_KEPT = timedelta(minutes=5)
+"""How long an old version of an append-only table (``audit``, ``api_keys``) is kept: long enough
+for any read begun on it."""
+
+
+def compact_and_prune(table: Any) -> int:
+    """Merge an append-only table's small data files and drop its versions older than
+    ``VERSIONS_KEPT`` (each commit leaves one); rows are unchanged. Returns the versions dropped."""
+    table.to_lance().optimize.compact_files()
+    table.checkout_latest()
+    return int(table.to_lance().cleanup_old_versions(older_than=VERSIONS_KEPT).old_versions)
+
+
 def damaged_files(root: Path | None, tables: Mapping[str, Any]) -> list[str]:
     """Data files a table's current version names that are missing or not the size it recorded
     (local warehouses; for diagnosis after a failed read, so it never raises)."""

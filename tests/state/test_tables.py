@@ -4,13 +4,14 @@ append-only logs' old versions are pruned by the usual optimize."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from support.raw_tables import raw_table
 
 from ragwarden.errors import WarehouseError
-from ragwarden.state import store as store_module
+from ragwarden.state import tables
 from ragwarden.state.schema import AUDIT_SCHEMA
 from ragwarden.warehouse import Warehouse
 
@@ -39,8 +40,8 @@ def test_optimize_prunes_the_old_versions_of_the_audit_log_and_keeps_every_recei
     receipts = audit.count_rows()
     assert len(audit.list_versions()) > 3
     small_warehouse.store.optimize()
-    assert len(raw_table(small_warehouse.store, "audit").list_versions()) > 3  # younger than an hour: kept
-    monkeypatch.setattr(store_module, "LOG_VERSIONS_KEPT", store_module.timedelta(0))
+    assert len(raw_table(small_warehouse.store, "audit").list_versions()) > 3  # younger than VERSIONS_KEPT: kept
+    monkeypatch.setattr(tables, "VERSIONS_KEPT", timedelta(0))
     small_warehouse.store.optimize()
     audit = raw_table(small_warehouse.store, "audit")
     assert len(audit.list_versions()) == 1 and audit.count_rows() == receipts
