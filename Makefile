@@ -67,11 +67,14 @@ bench: $(BIN)/.bench-installed
 # install, every version checked) for SOAK_ROUNDS rounds instead of 6. Not run in CI.
 SOAK_SECONDS ?= 1800
 SOAK_ROUNDS ?= 200
+SOAK_CRASHES ?= 100
 soak: install
 	RAGWARDEN_LOAD_SECONDS=$(SOAK_SECONDS) RAGWARDEN_LOAD_REPORT=bench/results/soak.json \
 		$(BIN)/pytest -m slow -p no:cacheprovider -q -s tests/reliability/test_load.py
 	RAGWARDEN_LIFECYCLE_ROUNDS=$(SOAK_ROUNDS) \
 		$(BIN)/pytest -m slow -p no:cacheprovider -q tests/reliability/test_serializable_lifecycle.py
+	RAGWARDEN_CRASH_RUNS=$(SOAK_CRASHES) \
+		$(BIN)/pytest -m slow -p no:cacheprovider -q tests/reliability/test_ingest_crash.py
 
 # On a machine with a CUDA GPU: SciFact ingest documents/s on the GPU against the CPU.
 bench-gpu: install

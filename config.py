@@ -94,6 +94,8 @@ class Settings:
     exported once into ``embed_cache_dir`` (default: see ``ragwarden.embedder.default_cache_dir``);
     ``embed_device`` is ``auto`` (a GPU when torch sees one), ``cpu`` or ``cuda``, and
     ``embed_batch_size`` None takes the device's batch size.
+    ``max_in_flight`` and ``max_queued`` bound the HTTP requests at work and waiting; one more
+    answers 503 with ``Retry-After`` (``api.admission``).
     ``flat_cache_mb`` bounds the vectors exact scans keep in memory per process (0: none).
     ``embed_window_docs`` is how many documents' new text an ingest embeds in one call before
     committing them ``write_batch_docs`` at a time (larger: fuller model batches, more memory).
@@ -120,16 +122,18 @@ class Settings:
     openlineage_env: Mapping[str, str] = field(default_factory=dict)
     auth: AuthSettings = field(default_factory=lambda: AuthSettings())
     max_body_bytes: int = 1024 * 1024
+    max_in_flight: int = 32
+    max_queued: int = 64
     flat_cache_mb: int = 256
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     ray_actors: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs", "embed_window_docs", "max_body_bytes",
-                     "ray_actors"):  # fmt: skip
+                     "ray_actors", "max_in_flight"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1, got {getattr(self, name)}")
-        for name in ("chunk_overlap", "flat_cache_mb"):
+        for name in ("chunk_overlap", "flat_cache_mb", "max_queued"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"setting {name} must be at least 0, got {getattr(self, name)}")
         check_embed_backend(self.embed_backend)
@@ -150,7 +154,8 @@ class Settings:
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
         for name, unit in (("max_file_bytes", "bytes"), ("max_body_bytes", "bytes"), ("flat_cache_mb", "MiB"),
-                           ("ray_actors", "actors"), ("embed_batch_size", "texts"), ("write_batch_docs", "documents")):  # fmt: skip
+                           ("ray_actors", "actors"), ("embed_batch_size", "texts"), ("write_batch_docs", "documents"),
+                           ("max_in_flight", "requests"), ("max_queued", "requests")):  # fmt: skip
             key = f"RAGWARDEN_{name.upper()}"
             if env.get(key):
                 try:

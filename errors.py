@@ -15,6 +15,7 @@ error ``code`` a service answers it with (a subclass inherits both unless it nam
     ├── AuthenticationError       401 unauthenticated        no credential, or one that does not verify
     ├── NotFoundError             404 not_found              no such item visible to the caller (missing and forbidden look alike)
     ├── PermissionDeniedError     403 forbidden              the policy does not grant the caller this operation
+    ├── OverloadedError           503 overloaded             the service is at capacity: retry shortly or elsewhere
     └── WarehouseError            503 warehouse_unavailable  the warehouse is missing, damaged or inconsistent
 """
 
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidSourceError",
     "NotFoundError",
+    "OverloadedError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "PolicyError",
@@ -116,6 +118,14 @@ class PermissionDeniedError(RagwardenError):
 
     status = 403
     code = "forbidden"
+
+
+class OverloadedError(RagwardenError):
+    """The service has as many requests at work and waiting as it was started to take; nothing
+    was done: retry after the ``Retry-After`` seconds, or on another replica."""
+
+    status = 503
+    code = "overloaded"
 
 
 class WarehouseError(RagwardenError):

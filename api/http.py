@@ -22,6 +22,7 @@ from ..errors import PolicyError
 from ..governance.caller import Identity
 from ..retrieval.manifest import ContextManifest
 from ..warehouse import Warehouse
+from .admission import Admission
 from .console import mount_console
 from .http_errors import ERROR_RESPONSES, install_error_handlers
 from .http_models import (
@@ -109,6 +110,9 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        Admission, max_in_flight=settings.max_in_flight, max_queued=settings.max_queued, exempt=("/healthz", "/readyz")
+    )
     app.state.warehouse = warehouse
     app.state.authenticator = authenticator
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 from ..config import Settings
 from ..embedder import Embedder
 from ..errors import InvalidRequestError
+from ..governance.appender import GroupCommit
 from ..governance.caller import Caller
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
@@ -48,6 +49,7 @@ INDEX_NPROBES = 20
 PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
 VIEWS_KEPT = 4096
+QUERY_BATCH = 64
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 RESULT_COLUMNS = [
     "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
@@ -222,6 +224,11 @@ class Searcher:
         self.decisions = DecisionMemo()
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._indexed: tuple[int, bool] = (-1, False)
+        # Concurrent searches' queries are embedded together, by one thread: a batch costs little more
+        # than one query, and the backend's threads never contend with another call's.
+        self._queries: GroupCommit[str, np.ndarray] = GroupCommit(
+            lambda queries: list(self.embedder.encode(list(queries))), max_batch=QUERY_BATCH, name="query-embedder"
+        )
         self._views: OrderedDict[tuple[str, str, str], SubjectView] = OrderedDict()
         self._views_lock = threading.Lock()
 
@@ -305,7 +312,7 @@ class Searcher:
     def query_vector(self, query: str, vector: Sequence[float] | np.ndarray | None) -> np.ndarray:
         """The given vector, checked, or the query's embedding."""
         if vector is None:
-            return self.embedder.encode([query])[0]
+            return self._queries.submit(query)
         array = np.asarray(vector, dtype=np.float32)
         dimension = self.store.dimension
         if array.shape != (dimension,):

@@ -16,6 +16,7 @@ ANSWERS = [
     (errors.InvalidSourceError, 422, "invalid_source"),
     (errors.PolicyError, 503, "policy_unavailable"),
     (errors.InvalidPolicyError, 503, "policy_unavailable"),
+    (errors.OverloadedError, 503, "overloaded"),
     (errors.WarehouseError, 503, "warehouse_unavailable"),
     (errors.ConfigurationError, 500, "misconfigured"),
     (errors.RagwardenError, 500, "internal"),

@@ -22,6 +22,7 @@ from support.replicas import Replica
 
 from ragwarden.credentials import ApiKeys
 from ragwarden.embedder import Embedder
+from ragwarden.governance.audit import fingerprint
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
@@ -37,19 +38,23 @@ def shared_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedde
     return demo_world(tmp_path_factory.mktemp("replicas"), embedder)
 
 
-@pytest.fixture(scope="module")
-def two_replicas(
-    shared_warehouse: Warehouse, tmp_path_factory: pytest.TempPathFactory, onnx_worker_env: dict[str, str]
-) -> Iterator[tuple[Replica, Replica]]:
-    """Two live server processes on 127.0.0.1 over the shared warehouse."""
-    env = onnx_worker_env | {
+def replica_env(onnx_worker_env: dict[str, str]) -> dict[str, str]:
+    """What a replica of these tests runs with: the test identity provider's settings, no policy file."""
+    return onnx_worker_env | {
         "HF_HUB_OFFLINE": "1",
         "RAGWARDEN_JWT_SECRET": JWT_SECRET.decode(),
         "RAGWARDEN_JWT_ISSUER": ISSUER,
         "RAGWARDEN_JWT_AUDIENCE": AUDIENCE,
         "RAGWARDEN_POLICY": "",
     }
-    logs = tmp_path_factory.mktemp("replica-logs")
+
+
+@pytest.fixture(scope="module")
+def two_replicas(
+    shared_warehouse: Warehouse, tmp_path_factory: pytest.TempPathFactory, onnx_worker_env: dict[str, str]
+) -> Iterator[tuple[Replica, Replica]]:
+    """Two live server processes on 127.0.0.1 over the shared warehouse."""
+    env, logs = replica_env(onnx_worker_env), tmp_path_factory.mktemp("replica-logs")
     pair = (Replica(shared_warehouse.uri, env, logs), Replica(shared_warehouse.uri, env, logs))
     starters = [threading.Thread(target=replica.start) for replica in pair]
     for starter in starters:
@@ -274,3 +279,48 @@ def test_rolling_restart_fails_no_request_to_a_live_replica_and_loses_nothing(tw
         assert got.status_code == 200
     print(f"\nrolling restart: {client.requests} requests, {client.retried} retried on the other replica, "
           f"{len(client.saved)} notes saved, 0 failed, 0 lost")  # fmt: skip
+
+
+def test_a_replica_killed_under_load_loses_no_receipt_of_a_search_it_answered(
+    shared_warehouse, mint, tmp_path_factory, onnx_worker_env
+):
+    """Receipts are group-committed, and a search answers only once its receipt is durable: so a
+    SIGKILL in the middle of a load leaves a receipt for every search a client got a 200 for."""
+    victim = Replica(shared_warehouse.uri, replica_env(onnx_worker_env), tmp_path_factory.mktemp("victim-logs"))
+    victim.start()
+    answered: list[str] = []
+    stop = threading.Event()
+
+    def load(worker: int) -> None:
+        with httpx.Client(headers=bearer(mint, "alice"), timeout=30) as client:
+            for n in range(10_000):
+                if stop.is_set():
+                    return
+                query = f"salary bands {worker}-{n}"
+                try:
+                    response = client.post(f"{victim.url}/v1/search", json={"query": query, "k": 3})
+                except httpx.TransportError:
+                    return
+                if response.status_code == 200:
+                    answered.append(query)
+
+    workers = [threading.Thread(target=load, args=(w,)) for w in range(8)]
+    for worker in workers:
+        worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(answered) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert victim.process is not None
+        victim.process.kill()  # SIGKILL: no shutdown, commits in flight cut off
+        victim.process.wait()
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    assert len(answered) >= 40, f"too few answers before the kill to count ({len(answered)})"
+    recorded = {r.query_fingerprint for r in shared_warehouse.audit.query(operation="search", subject="user:alice")}
+    lost = [q for q in answered if fingerprint(q) not in recorded]
+    assert not lost, f"{len(lost)} of {len(answered)} answered searches have no receipt: {lost[:3]}"
+    report = shared_warehouse.audit.verify()
+    assert report.ok, report.problems[:5]

@@ -31,7 +31,7 @@ from ragwarden.policies import policy_file
 from ragwarden.state import TAG_COLUMNS
 from ragwarden.warehouse import Warehouse
 
-RUNS = 20
+RUNS = int(os.environ.get("RAGWARDEN_CRASH_RUNS", "10"))  # make soak: 100
 DOCUMENTS = 12
 BATCH_DOCS = 2  # embed two documents, commit them, and so on: many points to die between
 KILLED_INGEST = textwrap.dedent("""

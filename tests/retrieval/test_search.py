@@ -151,3 +151,28 @@ def test_search_is_available_through_open(tmp_path, make_record):
     warehouse.ingest_records([make_record(acl={"allow": ["everyone"]}, labels=[], classification="public")])
     (hit,) = warehouse.search("budget review", subject="user:alice", tenant="acme", k=10, mode="vector")
     assert (hit.doc_id, hit.source_uri, hit.classification.label) == ("doc-1", "test://doc-1", "public")
+
+
+def test_concurrent_searches_embed_their_queries_together_and_answer_as_alone(demo_warehouse):
+    import threading
+
+    queries = ["quarterly budget", "salary bands", "cafeteria", "acquisition", "litigation hold", "Rotterdam"]
+    alone = {q: [h.chunk_id for h in demo_warehouse.search(q, subject="user:carol", tenant="acme", k=5)] for q in queries}
+    searcher = demo_warehouse._searcher
+    before = (searcher._queries.batches, searcher._queries.items)
+    start = threading.Barrier(len(queries) * 2)
+    together: dict[str, list[list[str]]] = {q: [] for q in queries}
+
+    def run(query: str) -> None:
+        start.wait()
+        hits = demo_warehouse.search(query, subject="user:carol", tenant="acme", k=5)
+        together[query].append([h.chunk_id for h in hits])
+
+    threads = [threading.Thread(target=run, args=(q,)) for q in queries * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(answers == [alone[q], alone[q]] for q, answers in together.items())
+    batches, items = searcher._queries.batches - before[0], searcher._queries.items - before[1]
+    assert items == len(queries) * 2 and batches < items, f"{items} queries in {batches} embedding calls"

@@ -1,0 +1,56 @@
+"""Under more load than it was started to take, the service refuses at once with 503 and
+Retry-After instead of queueing without bound; health probes still answer; every answer says in
+Server-Timing how long it waited and worked."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from ragwarden.warehouse import Warehouse
+
+HOLD_SECONDS = 1.0
+
+
+def _with_a_slow_route(app: Any) -> None:
+    """A route that holds its slot a known time, so the line's state is certain when we knock."""
+
+    @app.get("/v1/test-slow")
+    def slow() -> dict[str, str]:
+        time.sleep(HOLD_SECONDS)
+        return {"status": "done"}
+
+
+def test_past_the_line_a_request_is_refused_at_once_with_retry_after_and_probes_still_answer(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+):
+    url = serve(small_warehouse, max_in_flight=1, max_queued=1, configure=_with_a_slow_route)
+    answers: list[httpx.Response] = []
+
+    def call() -> None:
+        answers.append(httpx.get(f"{url}/v1/test-slow", timeout=30))
+
+    first = threading.Thread(target=call)
+    first.start()
+    time.sleep(0.3)  # the first holds the one slot
+    second = threading.Thread(target=call)
+    second.start()
+    time.sleep(0.3)  # the second waits in the one place in line
+    started = time.perf_counter()
+    refused = httpx.post(f"{url}/v1/search", json={"query": "menu"}, headers=bearer("alice"), timeout=30)
+    refused_in = time.perf_counter() - started
+    assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+    first.join()
+    second.join()
+
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "overloaded" and refused_in < HOLD_SECONDS / 2
+    assert sorted(a.status_code for a in answers) == [200, 200]
+    waited = max(float(a.headers["server-timing"].split("queue;dur=")[1].split(",")[0]) for a in answers)
+    assert waited >= 300, f"the second request waited in line, and says so: {waited} ms"
+    after = httpx.post(f"{url}/v1/search", json={"query": "menu"}, headers=bearer("alice"), timeout=30)
+    assert after.status_code == 200 and "app;dur=" in after.headers["server-timing"]
