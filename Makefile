@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install chromium acl-tools demo test test-fast test-quality bench bench-smoke bench-gpu soak clean
+.PHONY: install chromium acl-tools demo test test-fast test-quality bench bench-smoke bench-serve bench-gpu soak clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,13 @@ soak: install
 		$(BIN)/pytest -m slow -p no:cacheprovider -q tests/reliability/test_serializable_lifecycle.py
 	RAGWARDEN_CRASH_RUNS=$(SOAK_CRASHES) \
 		$(BIN)/pytest -m slow -p no:cacheprovider -q tests/reliability/test_ingest_crash.py
+
+# The service end to end: `ragwarden serve` replicas on 127.0.0.1 driven by 1 to 64 client threads,
+# a broad and a selective caller, every hit checked against an oracle; bench/results/serve-*.json.
+SERVE_ARGS ?= --corpus demo --clients 1,4,16,64 --seconds 10
+bench-serve: install
+	$(BIN)/python -m ragwarden.bench.serve $(SERVE_ARGS)
+	$(BIN)/python -m ragwarden.bench.serve $(SERVE_ARGS) --replicas 2
 
 # On a machine with a CUDA GPU: SciFact ingest documents/s on the GPU against the CPU.
 bench-gpu: install

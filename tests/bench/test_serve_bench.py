@@ -1,0 +1,23 @@
+"""A small run of the service benchmark: real replicas answer every search, the oracle finds no
+leak, and the audit's growth is reported (the full run is `make bench-serve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragwarden.bench.serve import run
+
+
+@pytest.mark.slow  # starts a server process (model load): about twenty seconds
+def test_a_small_service_benchmark_answers_every_search_with_no_leak(tmp_path: Path) -> None:
+    result = run("demo", [2], 1.0, 1, tmp_path, tmp_path / "no-data")
+    cells = {cell["caller"]: cell for cell in result["cells"]}
+    assert set(cells) == {"broad", "selective"}
+    for cell in cells.values():
+        assert cell["searches"] > 0 and cell["errors"] == 0 and cell["leaks"] == 0
+        assert cell["p50_ms"] > 0 and cell["app_ms"] > 0
+    assert 0 < cells["selective"]["readable"] < cells["broad"]["readable"], "the oracle tells the callers apart"
+    assert result["receipts"] >= sum(cell["searches"] for cell in cells.values())
+    assert result["audit_bytes_per_receipt"]["after_optimize"] > 0
