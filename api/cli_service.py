@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from typing import Any
 
 import click
 
@@ -17,8 +19,10 @@ from .cli_options import common_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
 @click.option("--no-mcp", is_flag=True, help="Do not mount the MCP server at /mcp.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Server processes sharing the port (each loads the model; about one per two cores).")  # fmt: skip
 @common_options
-def serve(host: str, port: int, no_mcp: bool, settings: Settings) -> None:
+def serve(host: str, port: int, no_mcp: bool, workers: int, settings: Settings) -> None:
     """Serve the HTTP API (the MCP server at /mcp, the compliance console at /console/) over the
     warehouse. Stateless: run as many replicas on one warehouse as needed; identity comes from
     each request's bearer credential."""
@@ -27,9 +31,25 @@ def serve(host: str, port: int, no_mcp: bool, settings: Settings) -> None:
     from .console import CONSOLE_PATH
     from .http import create_app
 
-    app = create_app(settings, with_mcp=not no_mcp)
     click.echo(f"compliance console: http://{host}:{port}{CONSOLE_PATH}/ (sign in with a token or API key)", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": "info", "timeout_graceful_shutdown": 10}
+    if workers == 1:
+        uvicorn.run(create_app(settings, with_mcp=not no_mcp), **options)
+        return
+    # Each worker process builds its app from the environment: hand it what the flags chose.
+    os.environ.update({"RAGWARDEN_WAREHOUSE": settings.warehouse, "RAGWARDEN_POLICY": settings.policy or "",
+                       SERVE_MCP: "0" if no_mcp else "1"})  # fmt: skip
+    uvicorn.run("ragwarden.api.cli_service:app_from_env", factory=True, workers=workers, **options)
+
+
+SERVE_MCP = "RAGWARDEN_SERVE_MCP"
+
+
+def app_from_env() -> Any:
+    """The app of one ``serve --workers`` process, from the settings ``serve`` put in the environment."""
+    from .http import create_app
+
+    return create_app(Settings.from_env(), with_mcp=os.environ.get(SERVE_MCP, "1") != "0")
 
 
 @click.command()

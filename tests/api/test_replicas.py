@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -324,3 +325,46 @@ def test_a_replica_killed_under_load_loses_no_receipt_of_a_search_it_answered(
     assert not lost, f"{len(lost)} of {len(answered)} answered searches have no receipt: {lost[:3]}"
     report = shared_warehouse.audit.verify()
     assert report.ok, report.problems[:5]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            found.append(int(status.parent.name))
+    return found
+
+
+def test_serve_with_two_workers_answers_from_two_processes_into_one_valid_log(
+    shared_warehouse, mint, tmp_path_factory, onnx_worker_env
+):
+    served = Replica(shared_warehouse.uri, replica_env(onnx_worker_env), tmp_path_factory.mktemp("workers-logs"),
+                     args=("--workers", "2", "--no-mcp"))  # fmt: skip
+    served.start()
+    try:
+        assert served.process is not None
+        workers = [pid for pid in _children(served.process.pid) if b"spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) >= 2, f"worker processes under the server: {workers}"
+        alice = bearer(mint, "alice")
+        answers: list[int] = []
+
+        def search(n: int) -> None:
+            answers.append(httpx.post(f"{served.url}/v1/search", json={"query": f"salary bands {n}", "k": 3},
+                                      headers=alice, timeout=60).status_code)  # fmt: skip
+
+        threads = [threading.Thread(target=search, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert answers == [200] * 16
+    finally:
+        served.stop()
+    recorded = {r.query_fingerprint for r in shared_warehouse.audit.query(operation="search", subject="user:alice")}
+    assert all(fingerprint(f"salary bands {n}") in recorded for n in range(16))
+    assert shared_warehouse.audit.verify().ok

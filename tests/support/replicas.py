@@ -32,6 +32,7 @@ class Replica:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    args: tuple[str, ...] = ()  # more `ragwarden serve` options, e.g. ("--workers", "2")
 
     @property
     def url(self) -> str:
@@ -40,7 +41,8 @@ class Replica:
     def start(self, timeout: float = 120.0) -> None:
         self.starts += 1
         log = self.log_dir / f"replica-{self.port}-{self.starts}.log"
-        command = [str(CLI), "serve", "--host", "127.0.0.1", "--port", str(self.port), "--warehouse", self.warehouse]
+        command = [str(CLI), "serve", "--host", "127.0.0.1", "--port", str(self.port), "--warehouse", self.warehouse,
+                   *self.args]  # fmt: skip
         with log.open("wb") as output:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(command, env={**os.environ, **self.env}, stdout=output, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
