@@ -20,6 +20,7 @@ from .governance.audit import AuditLog, Receipt
 from .governance.caller import Caller
 from .governance.operations import Operation
 from .governance.policy import Policy
+from .stages import stage
 from .state import operation_named
 
 T = TypeVar("T")
@@ -146,4 +147,5 @@ class PermissionGate:
         }
         if receipt.get("table_version") is None:
             receipt["table_version"] = self._table_version()
-        self._audit.append(Receipt(**receipt))
+        with stage("receipt"):
+            self._audit.append(Receipt(**receipt))

@@ -17,6 +17,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import OverloadedError
+from ..stages import measuring
 
 RETRY_AFTER_SECONDS = 1
 
@@ -51,18 +52,21 @@ class Admission:
             self._waiting -= 1
         started = time.perf_counter()
         try:
-            await self.app(scope, receive, _timed(send, arrived, started))
+            with measuring() as stages:
+                await self.app(scope, receive, _timed(send, arrived, started, stages))
         finally:
             self._slots.release()
 
 
-def _timed(send: Send, arrived: float, started: float) -> Send:
-    """``send`` adding ``Server-Timing`` (queue and app milliseconds) to the response's headers."""
+def _timed(send: Send, arrived: float, started: float, stages: dict[str, float]) -> Send:
+    """``send`` adding ``Server-Timing`` to the response's headers: milliseconds in line, at work,
+    and in each stage measured (``stages``: embed, rank, check, receipt)."""
 
     async def timed(message: Message) -> None:
         if message["type"] == "http.response.start":
             now = time.perf_counter()
-            value = f"queue;dur={(started - arrived) * 1000:.1f}, app;dur={(now - started) * 1000:.1f}"
+            parts = [f"queue;dur={(started - arrived) * 1000:.1f}", f"app;dur={(now - started) * 1000:.1f}"]
+            value = ", ".join([*parts, *(f"{name};dur={ms:.1f}" for name, ms in stages.items())])
             message = {**message, "headers": [*message.get("headers", []), (b"server-timing", value.encode())]}
         await send(message)
 

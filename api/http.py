@@ -21,6 +21,7 @@ from ..credentials import Authenticator, authenticator_for
 from ..errors import PolicyError
 from ..governance.caller import Identity
 from ..retrieval.manifest import ContextManifest
+from ..stages import measured
 from ..warehouse import Warehouse
 from .admission import Admission
 from .console import mount_console
@@ -143,7 +144,9 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         hits = warehouse.search(
             body.query, caller=identity, k=body.k, mode=body.mode, min_version=body.min_version, purpose=body.purpose
         )
-        return SearchResponse(hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(ContextManifest.of(hits)))
+        return SearchResponse(
+            hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(ContextManifest.of(hits)), took_ms=measured()
+        )
 
     @app.get("/v1/chunks/{chunk_id}", response_model=HitModel, tags=["retrieval"])
     def get_chunk(chunk_id: ChunkId, identity: Verified) -> HitModel:

@@ -25,6 +25,7 @@ from ..governance.caller import Caller
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
 from ..governance.visibility import check_row
+from ..stages import stage
 from ..state import TAG_COLUMNS, Registries, Store, vector_index_partitions
 from .fusion import reciprocal_rank_fusion
 from .hits import Hit
@@ -287,15 +288,18 @@ class Searcher:
         """
         validate_query(query, k, mode)
         require_reader(caller)
-        query_vector = self.query_vector(query, vector) if mode != "fts" else None
+        with stage("embed"):
+            query_vector = self.query_vector(query, vector) if mode != "fts" else None
         if policy is None:  # no policy at all: nothing is visible
             return SearchResult(hits=[], withheld=0, table_version=self.store.chunks_version, policy_version=None)
         view = self.view(policy, caller)
         registries = self.store.registries()
         where = self.prefilter(view, registries)
         reader = self.reader(view, registries)
-        ranked, version = self.rank(query, query_vector, where, k, mode, reader)
-        hits, withheld = self.post_check(ranked, view, version, registries.clauses)
+        with stage("rank"):
+            ranked, version = self.rank(query, query_vector, where, k, mode, reader)
+        with stage("check"):
+            hits, withheld = self.post_check(ranked, view, version, registries.clauses)
         if withheld:  # a row the registries did not know passed the indexed filter: ask again, exactly
             ranked, version = self.rank(query, query_vector, self.compiled_filter(view), k, mode, reader)
             hits, _ = self.post_check(ranked, view, version)
