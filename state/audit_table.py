@@ -32,6 +32,7 @@ class AuditTable:
     def __init__(self, db: Any, *, key_check: str) -> None:
         self.uri: str = db.uri
         self._table = self._open(db, key_check)
+        self._tip: tuple[int, int, str] | None = None  # (version, seq, hash) of this process's last commit
         schema = self._table.schema
         if not schema.equals(AUDIT_SCHEMA, check_metadata=False):
             raise WarehouseError(
@@ -83,13 +84,14 @@ class AuditTable:
         self, build: Callable[[int, str], Sequence[Mapping[str, Any]]], floor: int = 0
     ) -> list[Mapping[str, Any]] | None:
         """Read the head ((seq, hash) of the highest receipt, (0, None) when empty; looked for at or
-        above ``floor`` first) from one pinned version, ``build`` the next rows on it, and commit them
+        above ``floor`` first; no read at all when the pinned version is this process's own last
+        commit) from one pinned version, ``build`` the next rows on it, and commit them
         on that same version: the rows, or None when a commit since then took one of their ``seq``
         (Lance refuses it). Reading and committing at one version is what makes a lost race a
         refusal, never a commit of the rows whose ``seq`` happened to be free."""
         dataset = self._table.to_lance()
-        head = None
-        for low in dict.fromkeys((int(floor), 0)):
+        head = self._tip[1:] if self._tip is not None and self._tip[0] == dataset.version else None
+        for low in () if head is not None else dict.fromkeys((int(floor), 0)):
             found = dataset.to_table(columns=["seq", "hash"], filter=f"seq >= {low}")
             if found.num_rows:
                 top = found.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
@@ -104,9 +106,11 @@ class AuditTable:
             if is_commit_conflict(exc):
                 return None
             raise WarehouseError(f"the audit receipts could not be written: {exc}") from exc
-        self._table.checkout_latest()
         if result["num_inserted_rows"] != len(rows):  # planned on the version read: never expected
             raise WarehouseError("the audit receipts were written only in part; run verify and report it")
+        # This commit is the head while no other writer commits: the next append reads it from here.
+        self._tip = (int(dataset.version), int(rows[-1]["seq"]), str(rows[-1]["hash"]))
+        self._table.checkout_latest()
         return list(rows)
 
     def rows(self, where: str | None = None) -> list[dict[str, Any]]:

@@ -82,3 +82,15 @@ def test_receipts_appended_by_many_threads_form_one_valid_chain_in_fewer_commits
     assert report.ok and report.receipts == 80, report.problems
     versions = len(db.open_table("audit").list_versions())
     assert versions < 80, f"{versions} table versions for 80 receipts: no batching happened"
+
+
+def test_a_writer_that_was_not_last_builds_on_the_other_writers_head(tmp_path):
+    def log() -> AuditLog:
+        db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
+        return AuditLog(lambda key_check: AuditTable(db, key_check=key_check))
+
+    first, second = log(), log()
+    receipt = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")
+    seqs = [writer.append(receipt).seq for writer in (first, second, first, first, second)]
+    assert seqs == [1, 2, 3, 4, 5]
+    assert first.verify().ok
