@@ -1,17 +1,21 @@
-"""Admission control: a bounded number of requests at work and in line; past that, 503 at once.
+"""Admission control and the access log: a bounded number of requests at work and in line; past
+that, 503 at once; one JSON line per request.
 
 Why: under more load than the process can serve, an unbounded line makes every answer slow (20-second
 tails at 16 clients) and clients time out on work already done. Here at most ``max_in_flight``
 requests run at once and at most ``max_queued`` wait; one more answers 503 ``overloaded`` with
 ``Retry-After``, costing the server nothing, so a load balancer or client can go elsewhere.
 Health probes are never refused. Each answer carries ``Server-Timing`` (the time it waited in
-line, the time it took), so a client sees where its latency went.
+line, the time it took), so a client sees where its latency went, and leaves one JSON line on the
+``ragwarden.access`` logger: method, path (never the query string or a body), status, the same
+timings. Who asked is in the audit receipt, not here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,6 +24,7 @@ from ..errors import OverloadedError
 from ..stages import measuring
 
 RETRY_AFTER_SECONDS = 1
+access = logging.getLogger("ragwarden.access")
 
 
 class Admission:
@@ -40,30 +45,46 @@ class Admission:
             return
         if self._slots is None:  # made on the server's own event loop
             self._slots = asyncio.Semaphore(self.max_in_flight)
+        arrived = time.perf_counter()
         if self._slots.locked() and self._waiting >= self.max_queued:
             self.refused += 1
             await _overloaded(send, self.max_in_flight, self.max_queued)
+            _log(scope, OverloadedError.status, arrived, arrived, {})
             return
-        arrived = time.perf_counter()
         self._waiting += 1
         try:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
         started = time.perf_counter()
+        status = [500]  # what the app answered; 500 if it never started an answer
         try:
             with measuring() as stages:
-                await self.app(scope, receive, _timed(send, arrived, started, stages))
+                await self.app(scope, receive, _timed(send, arrived, started, stages, status))
         finally:
             self._slots.release()
+            _log(scope, status[0], arrived, started, stages)
 
 
-def _timed(send: Send, arrived: float, started: float, stages: dict[str, float]) -> Send:
-    """``send`` adding ``Server-Timing`` to the response's headers: milliseconds in line, at work,
-    and in each stage measured (``stages``: embed, rank, check, receipt)."""
+def _log(scope: Scope, status: int, arrived: float, started: float, stages: dict[str, float]) -> None:
+    line = {
+        "method": scope.get("method"),
+        "path": scope.get("path"),
+        "status": status,
+        "queue_ms": round((started - arrived) * 1000, 1),
+        "app_ms": round((time.perf_counter() - started) * 1000, 1),
+        **{f"{name}_ms": round(ms, 1) for name, ms in stages.items()},
+    }
+    access.info(json.dumps(line, separators=(",", ":")))
+
+
+def _timed(send: Send, arrived: float, started: float, stages: dict[str, float], status: list[int]) -> Send:
+    """``send`` adding ``Server-Timing`` to the response's headers (milliseconds in line, at work,
+    and in each stage measured: embed, rank, check, receipt) and noting the status in ``status``."""
 
     async def timed(message: Message) -> None:
         if message["type"] == "http.response.start":
+            status[0] = int(message["status"])
             now = time.perf_counter()
             parts = [f"queue;dur={(started - arrived) * 1000:.1f}", f"app;dur={(now - started) * 1000:.1f}"]
             value = ", ".join([*parts, *(f"{name};dur={ms:.1f}" for name, ms in stages.items())])

@@ -32,7 +32,13 @@ def serve(host: str, port: int, no_mcp: bool, workers: int, settings: Settings) 
     from .http import create_app
 
     click.echo(f"compliance console: http://{host}:{port}{CONSOLE_PATH}/ (sign in with a token or API key)", err=True)
-    options: dict[str, Any] = {"host": host, "port": port, "log_level": "info", "timeout_graceful_shutdown": 10}
+    # One JSON line per request from ragwarden.access, in place of uvicorn's plain access line.
+    log_config = {**uvicorn.config.LOGGING_CONFIG, "loggers": {**uvicorn.config.LOGGING_CONFIG["loggers"],
+                  "ragwarden.access": {"handlers": ["access_json"], "level": "INFO", "propagate": False}},
+                  "handlers": {**uvicorn.config.LOGGING_CONFIG["handlers"],
+                               "access_json": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout"}}}  # fmt: skip
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": "info", "timeout_graceful_shutdown": 10,
+                               "access_log": False, "log_config": log_config}  # fmt: skip
     if workers == 1:
         uvicorn.run(create_app(settings, with_mcp=not no_mcp), **options)
         return

@@ -4,6 +4,8 @@ Server-Timing how long it waited and worked."""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -67,3 +69,20 @@ def test_a_search_says_where_its_time_went_stage_by_stage(
     timing = dict(part.strip().split(";dur=") for part in answer.headers["server-timing"].split(","))
     assert {"queue", "app", "embed", "rank", "check", "receipt"} <= set(timing)
     assert float(timing["app"]) >= sum(took.values()) * 0.99, "the stages are parts of the time at work"
+
+
+def test_each_request_leaves_one_json_access_line_without_its_query(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
+):
+    url = serve(small_warehouse)
+    caplog.set_level(logging.INFO, logger="ragwarden.access")
+    secret_query = "cafeteria menu for the board"
+    httpx.post(f"{url}/v1/search", json={"query": secret_query}, headers=bearer("alice"), timeout=30)
+    httpx.get(f"{url}/v1/chunks/no-such-chunk?about=user:dave", headers=bearer("alice"), timeout=30)
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragwarden.access"]
+    assert [(line["method"], line["path"], line["status"]) for line in lines] == [
+        ("POST", "/v1/search", 200), ("GET", "/v1/chunks/no-such-chunk", 404)
+    ]
+    assert {"queue_ms", "app_ms", "embed_ms", "receipt_ms"} <= set(lines[0])
+    assert not any(secret_query in r.getMessage() or "user:dave" in r.getMessage() or "Bearer" in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
