@@ -337,7 +337,7 @@ def compile_times(lines_list: tuple[int, ...] = (1_000, 10_000, 100_000)) -> dic
     """Policy compile time, cold (a new policy version: role expansion and filter text) and cached,
     at policies of 1k, 10k and 100k lines (users in nested groups, label grants)."""
     from ragwarden.governance.compiler import SubjectView, compile_prefilter
-    from ragwarden.retrieval.search import FilterCache
+    from ragwarden.retrieval.search import LruCache
 
     results: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(5)
@@ -352,7 +352,7 @@ def compile_times(lines_list: tuple[int, ...] = (1_000, 10_000, 100_000)) -> dic
         started = time.perf_counter()
         policy = Policy.from_text("\n".join(text) + "\n", source=f"{lines} lines")
         load = time.perf_counter() - started
-        cache = FilterCache()
+        cache: LruCache[str] = LruCache()
         cold, cached = [], []
         for u in range(0, users, max(1, users // 20)):
             subject = f"user:u{u}"

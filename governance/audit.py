@@ -342,19 +342,10 @@ class AuditLog:
 
     # -- appending ------------------------------------------------------------------------
 
-    def _read_head(self) -> tuple[int, str]:
-        """The highest seq and its hash, from the latest commit; (0, genesis) when empty."""
-        for floor in (self._head[0], 0):
-            found = self._table.head(floor)
-            if found is not None:
-                return found
-            if floor == 0:
-                break
-        return 0, GENESIS_HASH
-
     def head(self) -> tuple[int, str]:
-        """(seq, hash) of the last receipt: keep it elsewhere to detect a truncated tail later."""
-        return self._read_head()
+        """(seq, hash) of the last receipt, (0, genesis) when empty: keep it elsewhere to detect a
+        truncated tail later."""
+        return self._table.head(self._head[0]) or (0, GENESIS_HASH)
 
     def append(self, receipt: Receipt) -> StoredReceipt:
         """Add ``receipt`` at the end of the chain and return it as stored, once it is durable.

@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -58,15 +58,19 @@ RESULT_COLUMNS = [
 ]  # fmt: skip
 
 
-class FilterCache:
-    """Compiled filters by (subject, tenant, policy version, clause registry version)."""
+V = TypeVar("V")
+
+
+class LruCache(Generic[V]):
+    """Values by key, the least recently used dropped past ``size``; built outside the lock (two
+    threads may build one value, which is pure, at once). Holds the compiled filters and views."""
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._items: OrderedDict[tuple[str, ...], str] = OrderedDict()
+        self._items: OrderedDict[tuple[str, ...], V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, ...], build: Callable[[], str]) -> str:
+    def get(self, key: tuple[str, ...], build: Callable[[], V]) -> V:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -221,7 +225,7 @@ class Searcher:
         self.embedder = embedder
         self.flat_max_rows = flat_max_rows
         self.visible = VisibleRowCache(flat_cache_bytes)
-        self.filters = FilterCache()
+        self.filters: LruCache[str] = LruCache()  # by (kind, subject, tenant, policy and registry versions)
         self.decisions = DecisionMemo()
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._indexed: tuple[int, bool] = (-1, False)
@@ -230,23 +234,13 @@ class Searcher:
         self._queries: GroupCommit[str, np.ndarray] = GroupCommit(
             lambda queries: list(self.embedder.encode(list(queries))), max_batch=QUERY_BATCH, name="query-embedder"
         )
-        self._views: OrderedDict[tuple[str, str, str], SubjectView] = OrderedDict()
-        self._views_lock = threading.Lock()
+        self._views: LruCache[SubjectView] = LruCache(VIEWS_KEPT)
 
     def view(self, policy: Policy, caller: Caller) -> SubjectView:
-        """What ``policy`` lets ``caller`` read, compiled once per (policy version, subject, tenant)."""
+        """What ``policy`` lets ``caller`` read, compiled once per (policy version, subject, tenant):
+        a policy's version is the hash of its rules, so one version compiles to one view."""
         key = (policy.version, caller.subject, caller.tenant)
-        with self._views_lock:
-            held = self._views.get(key)
-            if held is not None and held.policy is policy:
-                self._views.move_to_end(key)
-                return held
-        view = SubjectView.of(policy, caller.subject, caller.tenant)
-        with self._views_lock:
-            self._views[key] = view
-            while len(self._views) > VIEWS_KEPT:
-                self._views.popitem(last=False)
-        return view
+        return self._views.get(key, lambda: SubjectView.of(policy, caller.subject, caller.tenant))
 
     def _filter(self, kind: str, view: SubjectView, registries: Registries | None) -> str:
         registries = registries or self.store.registries()

@@ -3,8 +3,8 @@
 The chain itself (what a receipt holds, its hash, what ``verify`` proves) is ``governance.audit``;
 this module only stores rows. An append is a conditional insert keyed on ``seq``: ``seq`` is the
 table's unenforced primary key, which makes Lance record the inserted keys in the commit and treat
-two concurrent commits inserting the same ``seq`` as a conflict, so the later one inserts nothing
-and its writer reads the head again. Without that declaration lancedb 0.40 let both commits
+two concurrent commits inserting the same ``seq`` as a conflict, so the later one is refused and
+its writer reads the head again. Without that declaration lancedb 0.40 let both commits
 through (a probe: 60 appends by three processes gave 45 distinct ``seq``; with it, 60 in a row).
 Do not build a scalar index on ``seq``: Lance's indexed merge route does not record inserted keys.
 """
@@ -73,12 +73,9 @@ class AuditTable:
         return int(self._table.count_rows())
 
     def head(self, floor: int = 0) -> tuple[int, str] | None:
-        """(seq, hash) of the highest receipt at or above ``floor``, from the latest commit; None if none."""
-        found = self._table.search().where(f"seq >= {int(floor)}").select(["seq", "hash"]).limit(None).to_arrow()
-        if not found.num_rows:
-            return None
-        top = found.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
-        return int(top["seq"]), str(top["hash"])
+        """(seq, hash) of the highest receipt at the latest commit (looked for at or above ``floor``
+        first, a cheaper read); None when there is none."""
+        return _head_of(self._table.to_lance(), floor)
 
     def append_on_head(
         self, build: Callable[[int, str], Sequence[Mapping[str, Any]]], floor: int = 0
@@ -90,13 +87,10 @@ class AuditTable:
         (Lance refuses it). Reading and committing at one version is what makes a lost race a
         refusal, never a commit of the rows whose ``seq`` happened to be free."""
         dataset = self._table.to_lance()
-        head = self._tip[1:] if self._tip is not None and self._tip[0] == dataset.version else None
-        for low in () if head is not None else dict.fromkeys((int(floor), 0)):
-            found = dataset.to_table(columns=["seq", "hash"], filter=f"seq >= {low}")
-            if found.num_rows:
-                top = found.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
-                head = (int(top["seq"]), str(top["hash"]))
-                break
+        if self._tip is not None and self._tip[0] == dataset.version:
+            head: tuple[int, str] | None = self._tip[1:]
+        else:
+            head = _head_of(dataset, floor)
         rows = build(*(head or (0, "")))
         data = pa.Table.from_pylist([dict(row) for row in rows], schema=AUDIT_SCHEMA)
         merge = dataset.merge_insert("seq").when_not_matched_insert_all().use_index(False).conflict_retries(0)
@@ -128,3 +122,14 @@ class AuditTable:
         """Merge the table's small data files (each commit leaves one) and drop its old versions
         (``tables.VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
         return compact_and_prune(self._table)
+
+
+def _head_of(dataset: Any, floor: int) -> tuple[int, str] | None:
+    """(seq, hash) of the highest receipt of ``dataset`` (one pinned version), looked for at or above
+    ``floor`` first and then everywhere; None when it holds none."""
+    for low in dict.fromkeys((int(floor), 0)):
+        found = dataset.to_table(columns=["seq", "hash"], filter=f"seq >= {low}")
+        if found.num_rows:
+            top = found.sort_by([("seq", "descending")]).slice(0, 1).to_pylist()[0]
+            return int(top["seq"]), str(top["hash"])
+    return None

@@ -133,20 +133,13 @@ class Store:
     def _table(self, name: str, schema: pa.Schema) -> Any:
         return open_table(self._db, name, schema)
 
-    def _tables(self) -> dict[str, Any]:
-        """Every table this store has opened, by name."""
-        tables = {CHUNKS: self._chunks, SOURCES: self._sources, CLAUSES: self._clauses, POLICIES: self._policies,
-                  LABELS: self._labels}  # fmt: skip
-        if self._audit is not None:
-            tables[AUDIT] = self._audit._table
-        if self._api_keys is not None:
-            tables[API_KEYS] = self._api_keys._table
-        return tables
-
     def damaged_files(self) -> list[str]:
         """Data files a table's current version names that are missing or not the size it recorded
         (local warehouses; for diagnosis after a failed read, so it never raises)."""
-        return damaged_files(self.local_path, self._tables())
+        tables = {CHUNKS: self._chunks, SOURCES: self._sources, CLAUSES: self._clauses, POLICIES: self._policies,
+                  LABELS: self._labels}  # fmt: skip
+        logs = [table.damaged_files() for table in (self._audit, self._api_keys) if table is not None]
+        return damaged_files(self.local_path, tables) + [path for found in logs for path in found]
 
     def audit_table(self, key_check: str) -> AuditTable:
         """The receipts' table, created recording ``key_check`` if absent (``governance.audit.AuditLog``)."""
@@ -516,15 +509,13 @@ class Store:
         started = time.perf_counter()
         self._tidy_logs()
         seconds: dict[str, float] = {"logs": time.perf_counter() - started}
-        started = time.perf_counter()
         rows = self._chunks.count_rows()
         fragments_before = len(self._chunks.to_lance().get_fragments())
         if rows == 0:
             return IndexReport(rows=0, scalar_indexes=(), vector_index=None, fragments_before=fragments_before,
                                fragments_after=fragments_before, seconds=seconds)  # fmt: skip
         retrying_conflicts(lambda: compact(self._chunks), what="compacting")
-        seconds["compact"] = time.perf_counter() - started
-        started -= seconds["logs"]
+        seconds["compact"] = time.perf_counter() - started - sum(seconds.values())
         if not any(index.index_type == "FTS" for index in self._chunks.list_indices()):
             retrying_conflicts(lambda: self._chunks.create_index("text", config=FTS(), replace=True), what="indexing text")
         seconds["text_index"] = time.perf_counter() - started - sum(seconds.values())
@@ -546,12 +537,13 @@ class Store:
 
     def _tidy_logs(self) -> None:
         """Merge the small files of the append-only tables (``audit``, ``api_keys``) and drop their
-        versions older than ``audit_table.VERSIONS_KEPT``: neither ever deletes a row, so an old version
+        versions older than ``tables.VERSIONS_KEPT``: neither ever deletes a row, so an old version
         holds nothing the latest does not (a reader still on one keeps its files for that long)."""
         present = set(self._db.list_tables().tables)
         if AUDIT in present:
-            audit = self._audit or AuditTable(self._db, key_check="")  # opened, never created: it is there
-            retrying_conflicts(audit.compact, what="compacting the audit log")
+            if self._audit is None:  # opened, never created (it is there): its key check is not needed
+                self._audit = AuditTable(self._db, key_check="")
+            retrying_conflicts(self._audit.compact, what="compacting the audit log")
         if API_KEYS in present:
             retrying_conflicts(self.api_keys.compact, what="compacting the API keys")
 

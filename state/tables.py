@@ -105,8 +105,9 @@ def local_path(uri: str) -> Path | None:
 def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
     """A LanceDB connection to the warehouse (a local folder is created) that sees every commit at
     once; ``storage_options`` configure an object store."""
-    if is_local(uri):
-        Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    folder = local_path(uri)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
     try:
         return lancedb.connect(
             uri, read_consistency_interval=timedelta(0), storage_options=dict(storage_options or {}) or None
