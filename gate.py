@@ -11,6 +11,7 @@ the CLI runs) needs no grant; its runs are recorded once per tenant they touched
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
@@ -54,11 +55,19 @@ class PermissionGate:
     """Decides, records and hands over: ``run`` is the one entry every operation goes through."""
 
     def __init__(
-        self, *, audit: AuditLog, policy: Callable[[], Policy | None], table_version: Callable[[], int]
+        self,
+        *,
+        audit: AuditLog,
+        policy: Callable[[], Policy | None],
+        table_version: Callable[[], int],
+        fresh: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> None:
+        """``fresh()`` holds one freshness check for the length of a read operation
+        (``state.Store.pinned``): its policy, registries and table versions come from one check."""
         self._audit = audit
         self._policy = policy
         self._table_version = table_version
+        self._fresh = fresh
 
     def decide(
         self, operation: Operation, caller: Caller | None, need: Need, *, about: str | None = None
@@ -110,7 +119,8 @@ class PermissionGate:
         ``touched`` gives, for an operator's run, the documents it wrote in each tenant: the run is
         then recorded once per tenant, naming only that tenant's documents, so each tenant's auditor
         sees what was done to it and nothing of the others."""
-        with operation_named(str(operation)):  # a storage failure names this operation
+        # A storage failure names this operation; a read sees one freshness check throughout.
+        with operation_named(str(operation)), self._fresh() if need is Need.READ else nullcontext():
             permission = self.decide(operation, caller, need, about=about)
             kind = "retrieval" if need is Need.READ else "decision"
             if not permission.allowed:

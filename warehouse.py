@@ -60,7 +60,8 @@ class Warehouse:
             self._policy.current()  # a bad file is refused at once, naming its line
         else:
             self._policy = PolicyInForce(load=self._installed_policy, stamp=lambda: self.store.policies_version)
-        self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks_version)
+        self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks_version,
+                                    fresh=self.store.pinned)  # fmt: skip
         self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes)
         self._lifecycle = Lifecycle(self.store, self.embedder)
 
@@ -638,15 +639,19 @@ class Warehouse:
         derived = self.store.derived_from(chunk_ids)
         erased = {i for r in tombstones for part in ("chunks", "derived") for i in r.details.get("tombstone", {}).get("erased", {}).get(part, [])}
         touched = {*chunk_ids, *derived, *erased}
-        found = {r.seq: r for r in self.audit.query(any_chunk_ids=touched, tenant=scope)}
-        found.update((r.seq, r) for r in self.audit.query(doc_id=item_id, tenant=scope))
+        found = {r.receipt_id: r for r in self.audit.query(any_chunk_ids=touched, tenant=scope)}
+        found.update((r.receipt_id, r) for r in self.audit.query(doc_id=item_id, tenant=scope))
         return {
             "source": None if source is None else {"doc_id": source.doc_id, "tenant": source.tenant, "version": source.doc_version},
             "chunks": chunk_ids,
             "derived": [{"chunk_id": i, "kind": r["kind"], "parents": r["parents"]} for i, r in sorted(derived.items())],
-            "receipts": [_lineage_receipt(r, touched) for _, r in sorted(found.items()) if r.operation != Operation.AUDIT],
+            "receipts": [
+                _lineage_receipt(r, touched)
+                for r in sorted(found.values(), key=lambda r: (r.time, r.chain, r.seq))
+                if r.operation != Operation.AUDIT
+            ],
             "tombstones": [
-                {"seq": r.seq, "time": r.time.isoformat(), "subject": r.subject, "actor": r.actor, "reason": r.reason,
+                {"chain": r.chain, "seq": r.seq, "time": r.time.isoformat(), "subject": r.subject, "actor": r.actor, "reason": r.reason,
                  **r.details.get("tombstone", {})}  # fmt: skip
                 for r in tombstones
             ],
@@ -663,14 +668,17 @@ class Warehouse:
             lambda found: {"reason": f"audit query: {len(found)} receipts"},
         )
 
-    def verify_audit(self, *, caller: str | Caller, tenant: str | None = None) -> ChainReport:
-        """Verify the whole receipt chain on behalf of ``caller``; needs ``audit`` in its tenant."""
+    def verify_audit(
+        self, *, caller: str | Caller, tenant: str | None = None, expect_head: str | None = None
+    ) -> ChainReport:
+        """Verify every receipt chain on behalf of ``caller``, against the checkpoint ``expect_head``
+        when given (see ``AuditLog.verify``); needs ``audit`` in its tenant."""
         who = _asker(caller, None, tenant, None)
         return self._gate.run(
             Operation.AUDIT,
             who,
             Need.AUDIT,
-            lambda _: self.audit.verify(),
+            lambda _: self.audit.verify(expect_head=expect_head),
             lambda report: {"reason": f"audit verify: {'intact' if report.ok else 'broken'} ({report.receipts} receipts)"},
         )
 
@@ -728,6 +736,7 @@ def _lineage_receipt(receipt: StoredReceipt, touched: set[str]) -> dict[str, Any
     else:
         outcome = _DONE.get(receipt.operation, receipt.operation)
     return {
+        "chain": receipt.chain,
         "seq": receipt.seq,
         "time": receipt.time.isoformat(),
         "operation": receipt.operation,

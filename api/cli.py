@@ -218,29 +218,30 @@ def audit() -> None:
     """Verify and query the hash-chained audit receipts."""
 
 
-def _head(_: click.Context, __: click.Parameter, value: str | None) -> tuple[int, str] | None:
-    if value is None:
-        return None
+def _head(_: click.Context, __: click.Parameter, value: str | None) -> str | tuple[int, str] | None:
+    """A checkpoint root, or the SEQ:HASH head a verify printed before per-writer chains."""
+    if value is None or (len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        return value
     seq, _, digest = value.partition(":")
     if not seq.isdigit() or len(digest) != 64:
-        raise click.BadParameter(f"{value!r} is not SEQ:HASH as printed by an earlier audit verify")
+        raise click.BadParameter(f"{value!r} is not a checkpoint root (64 hex digits) as printed by an earlier audit verify")
     return int(seq), digest
 
 
 @audit.command("verify")
-@click.option("--expect-head", callback=_head, metavar="SEQ:HASH",
-              help="A head printed by an earlier verify and kept elsewhere: the chain must still hold it.")  # fmt: skip
+@click.option("--expect-head", callback=_head, metavar="CHECKPOINT",
+              help="A checkpoint printed by an earlier verify and kept elsewhere: every chain must still hold its head.")  # fmt: skip
 @_common_options
-def audit_verify(expect_head: tuple[int, str] | None, settings: Settings) -> None:
-    """Check the receipt chain: any edited, deleted, inserted or reordered receipt is reported
-    (exit 1). A cut-off tail is visible only against a head recorded elsewhere: keep the printed
-    SEQ:HASH and pass it back with --expect-head."""
-    log = Warehouse(settings).audit
-    report = log.verify(expect_head=expect_head)
-    seq, digest = log.head()
+def audit_verify(expect_head: str | tuple[int, str] | None, settings: Settings) -> None:
+    """Check every receipt chain: any edited, deleted, inserted or reordered receipt is reported
+    (exit 1). A cut-off tail is visible only against a checkpoint taken before: keep the printed
+    checkpoint and pass it back with --expect-head."""
+    report = Warehouse(settings).audit.verify(expect_head=expect_head)
     for problem in report.problems:
         click.echo(problem, err=True)
-    click.echo(f"{report.receipts} receipts, {'intact' if report.ok else 'TAMPERED'}; head {seq}:{digest}")
+    chains = f"{report.chains} chain{'' if report.chains == 1 else 's'}"
+    verdict = f"{report.receipts} receipts in {chains}, {'intact' if report.ok else 'TAMPERED'}"
+    click.echo(f"{verdict}; checkpoint {report.checkpoint.root}" if report.checkpoint else verdict)
     if not report.ok:
         sys.exit(1)
 

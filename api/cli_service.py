@@ -42,9 +42,11 @@ def serve(host: str, port: int, no_mcp: bool, workers: int, settings: Settings) 
     if workers == 1:
         uvicorn.run(create_app(settings, with_mcp=not no_mcp), **options)
         return
-    # Each worker process builds its app from the environment: hand it what the flags chose.
+    # Each worker process builds its app from the environment: hand it what the flags chose, and
+    # its share of the cores for the encoder, so the workers' threads never contend for one core.
+    threads = settings.embed_threads or max(1, (os.cpu_count() or 1) // workers)
     os.environ.update({"RAGWARDEN_WAREHOUSE": settings.warehouse, "RAGWARDEN_POLICY": settings.policy or "",
-                       SERVE_MCP: "0" if no_mcp else "1"})  # fmt: skip
+                       "RAGWARDEN_EMBED_THREADS": str(threads), SERVE_MCP: "0" if no_mcp else "1"})  # fmt: skip
     uvicorn.run("ragwarden.api.cli_service:app_from_env", factory=True, workers=workers, **options)
 
 

@@ -241,11 +241,11 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         return InventoryModel(label=label, tenant=identity.tenant, sources=found)
 
     @app.get("/v1/audit/verify", response_model=ChainModel, tags=["audit"])
-    def verify(identity: Verified) -> ChainModel:
-        """Verify the whole receipt chain; record the head elsewhere to detect a truncated tail (needs ``audit``)."""
-        report = warehouse.verify_audit(caller=identity)
-        seq, head = warehouse.audit.head()
-        return ChainModel(ok=report.ok, receipts=report.receipts, problems=list(report.problems), head_seq=seq, head_hash=head)
+    def verify(identity: Verified, expect_head: str | None = None) -> ChainModel:
+        """Verify every receipt chain; record the checkpoint elsewhere to detect a truncated tail (needs ``audit``)."""
+        report = warehouse.verify_audit(caller=identity, expect_head=expect_head)
+        return ChainModel(ok=report.ok, receipts=report.receipts, chains=report.chains, problems=list(report.problems),
+                          checkpoint=report.checkpoint.root if report.checkpoint else None)  # fmt: skip
 
     @app.put("/v1/policy", response_model=PolicyResponse, tags=["admin"])
     def install_policy(body: PolicyRequest, identity: Verified) -> PolicyResponse:

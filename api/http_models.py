@@ -211,6 +211,7 @@ class ExplanationModel(BaseModel):
 
 
 class LineageReceiptModel(BaseModel):
+    chain: str = Field(description="The writer's chain the receipt belongs to (empty: the legacy chain).")
     seq: int
     time: str
     operation: str
@@ -224,6 +225,7 @@ class LineageReceiptModel(BaseModel):
 
 
 class LineageTombstoneModel(BaseModel):
+    chain: str = Field(description="The writer's chain the receipt belongs to (empty: the legacy chain).")
     seq: int
     time: str
     subject: str
@@ -257,6 +259,7 @@ class LineageModel(BaseModel):
 
 
 class ReceiptModel(BaseModel):
+    chain: str = Field(description="The writer's chain the receipt belongs to (empty: the legacy chain).")
     seq: int
     receipt_id: str
     time: str
@@ -313,9 +316,9 @@ class InventoryModel(BaseModel):
 class ChainModel(BaseModel):
     ok: bool
     receipts: int
+    chains: int
     problems: list[str]
-    head_seq: int
-    head_hash: str
+    checkpoint: str | None = Field(description="The root of a checkpoint of exactly what was verified (when ok): keep it elsewhere, pass it to a later verify.")
 
 
 class PolicyResponse(BaseModel):

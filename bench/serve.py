@@ -1,20 +1,28 @@
 """``make bench-serve``: what a user of the HTTP service pays, end to end, under concurrency.
 
-    python -m ragwarden.bench.serve [--corpus demo|scifact] [--clients 1,4,16,64] [--seconds 10]
-                                    [--replicas 1] [--out bench/results]
+    python -m ragwarden.bench.serve [--corpus demo|scifact|world100k] [--clients 1,4,16,64]
+                                    [--seconds 10] [--replicas 1] [--ingest] [--keep DIR]
+                                    [--out bench/results]
 
 Real ``ragwarden serve`` processes on 127.0.0.1 over one warehouse, driven by client threads that
 each keep one search in flight (JWT bearer, the query embedded by the service, the receipt written
 before the answer). For a broad and a selective caller at each client count: searches/s, p50, p95,
 p99, errors, refusals (503 ``overloaded``), the median time in line and at work (``Server-Timing``),
-and how the audit log grew (table versions per receipt, bytes per receipt before and after
-``optimize``). Every hit of every answer is checked against an oracle computed apart from the
-search path (the enforcer on every row of a full scan): one it does not admit is a leak.
+the median of each stage (embed, rank, check, receipt), and how the audit log grew (commits per
+receipt, versions kept, bytes per receipt before and after ``optimize``). Every hit of every
+answer is checked against an oracle computed apart from the search path (the enforcer on every
+row of a full scan): one it does not admit is a leak.
+
+``--ingest`` keeps an ingest running in the benchmark's own process throughout (documents of the
+corpus under new ids, readable by no caller: any of them in an answer is a leak). ``world100k`` is
+the synthetic 100,000-row world of ``make bench`` (vectors drawn around cluster centres, so its
+answers measure cost, not relevance). ``--keep DIR`` builds the warehouse there once and reuses it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,14 +44,18 @@ from ..governance.visibility import check_row
 from ..policies import policy_file
 from ..state import TAG_COLUMNS
 from ..warehouse import Warehouse
-from . import scifact
+from . import scifact, world
 
 SECRET = "ragwarden-bench-serve-secret-0123456789"
 ISSUER, AUDIENCE = "https://idp.bench.invalid", "ragwarden-bench"
 QUERIES = ["quarterly budget forecast", "salary bands", "cafeteria menu", "acquisition due diligence",
            "litigation hold", "warehouse expansion plan", "security incident", "travel policy"]  # fmt: skip
+WORLD_ROWS = 100_000
 CALLERS = {"demo": {"broad": ("carol", "acme"), "selective": ("dave", "acme")},
-           "scifact": {"broad": ("reader", scifact.TENANT), "selective": ("stranger", scifact.TENANT)}}  # fmt: skip
+           "scifact": {"broad": ("reader", scifact.TENANT), "selective": ("stranger", scifact.TENANT)},
+           # the world's subjects are numbered by selectivity (bench.world.SELECTIVITIES): 50% and 1%
+           "world100k": {"broad": ("s0", world.TENANT), "selective": ("s2", world.TENANT)}}  # fmt: skip
+STAGES = ("embed", "rank", "check", "receipt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,10 +77,20 @@ class Cell:
     readable: int
     queue_ms: float
     app_ms: float
+    stages_ms: dict[str, float]
+    ingested_docs_per_s: float
     audit_versions_per_receipt: float
 
 
 def _warehouse(corpus: str, folder: Path, data: Path) -> Warehouse:
+    """The corpus's warehouse in ``folder``, built unless a complete one is there already."""
+    built = folder / ".built"
+    if built.exists():
+        return Warehouse(Settings(warehouse=str(folder), data_dir=data))
+    if corpus == "world100k":
+        world.write_warehouse(world.generate(WORLD_ROWS), folder).optimize()
+        built.touch()
+        return Warehouse(Settings(warehouse=str(folder), data_dir=data))
     warehouse = Warehouse(Settings(warehouse=str(folder), data_dir=data))
     if corpus == "demo":
         warehouse.install_policy(policy_file("demo.csv"))
@@ -79,7 +101,48 @@ def _warehouse(corpus: str, folder: Path, data: Path) -> Warehouse:
         warehouse.install_policy(policy)
         warehouse.ingest_records(scifact.records(data / "scifact"))
     warehouse.store.optimize()
+    built.touch()
     return warehouse
+
+
+def _corpus_records(corpus: str, data: Path) -> list[dict[str, Any]]:
+    if corpus == "demo":
+        path = Path(str(resources.files("ragwarden.examples") / "demo" / "corpus.jsonl"))
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return list(scifact.records(data / "scifact", limit=500))
+
+
+class _Ingest:
+    """An ingest kept running beside the service: the corpus's documents again, under new ids and
+    readable by no one (``group:ingest-only``), a few at a time, until stopped."""
+
+    def __init__(self, warehouse: Warehouse, records: list[dict[str, Any]]) -> None:
+        self._warehouse, self._records = warehouse, records
+        self._stop = threading.Event()
+        self.documents = 0
+        self._thread = threading.Thread(target=self._run, name="bench-ingest", daemon=True)
+
+    def __enter__(self) -> _Ingest:
+        self._began = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.seconds = time.perf_counter() - self._began
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            batch = []
+            for record in self._records[n % len(self._records) : n % len(self._records) + 8]:
+                n += 1
+                batch.append({**record, "id": f"ingest-{n}-{record['id']}", "acl": {"allow": ["group:ingest-only"]},
+                              "labels": [], "classification": "public"})  # fmt: skip
+            n += 8 - len(batch)
+            report = self._warehouse.ingest_records(batch)
+            self.documents += report.ingested
 
 
 def _serve(warehouse: str, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -132,6 +195,7 @@ def _drive(urls: list[str], sub: str, tenant: str, clients: int, seconds: float,
     latencies: list[float] = []
     queue: list[float] = []
     app: list[float] = []
+    stages: dict[str, list[float]] = {name: [] for name in STAGES}
     counts = {"errors": 0, "overloaded": 0, "leaks": 0}
     lock = threading.Lock()
     start = threading.Barrier(clients)
@@ -162,6 +226,8 @@ def _drive(urls: list[str], sub: str, tenant: str, clients: int, seconds: float,
                         timing = answer.headers.get("server-timing", "")
                         queue.append(_timing(timing, "queue"))
                         app.append(_timing(timing, "app"))
+                        for name in STAGES:
+                            stages[name].append(_timing(timing, name))
                         counts["leaks"] += sum(hit["chunk_id"] not in readable for hit in answer.json()["hits"])
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
@@ -178,16 +244,23 @@ def _drive(urls: list[str], sub: str, tenant: str, clients: int, seconds: float,
 
     return {"searches": len(latencies), "per_second": len(latencies) / wall, "p50_ms": pct(0.5), "p95_ms": pct(0.95),
             "p99_ms": pct(0.99), **counts, "queue_ms": statistics.median(queue or [0.0]),
-            "app_ms": statistics.median(app or [0.0])}  # fmt: skip
+            "app_ms": statistics.median(app or [0.0]),
+            "stages_ms": {name: round(statistics.median(values or [0.0]), 2) for name, values in stages.items()}}  # fmt: skip
 
 
 def _audit_size(folder: Path) -> int:
     return sum(path.stat().st_size for path in (folder / "audit.lance").rglob("*") if path.is_file())
 
 
-def run(corpus: str, clients: list[int], seconds: float, replicas: int, workdir: Path, data: Path) -> dict[str, Any]:
-    folder = workdir / f"{corpus}-warehouse"
+def run(
+    corpus: str, clients: list[int], seconds: float, replicas: int, workdir: Path, data: Path, *,
+    ingest: bool = False, keep: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    if ingest and corpus == "world100k":
+        raise SystemExit("--ingest needs a corpus of documents (demo or scifact); the world's rows are synthetic")
+    folder = (keep or workdir) / f"{corpus}-warehouse"
     warehouse = _warehouse(corpus, folder, data)
+    records = _corpus_records(corpus, data) if ingest else []
     ports = [_free_port() for _ in range(replicas)]
     processes = [_serve(str(folder), port, workdir / f"replica-{port}.log") for port in ports]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
@@ -196,27 +269,38 @@ def run(corpus: str, clients: list[int], seconds: float, replicas: int, workdir:
         for caller, (sub, tenant) in CALLERS[corpus].items():
             readable = _readable(warehouse, sub, tenant)
             for count in clients:
-                before = (warehouse.audit.head()[0], _versions(folder))
-                found = _drive(urls, sub, tenant, count, seconds, readable)
-                receipts = warehouse.audit.head()[0] - before[0]
-                versions = _versions(folder) - before[1]
+                before = (warehouse.audit.count(), _commits(folder))
+                with _Ingest(warehouse, records) if ingest else contextlib.nullcontext() as running:
+                    found = _drive(urls, sub, tenant, count, seconds, readable)
+                receipts = warehouse.audit.count() - before[0]
+                commits = _commits(folder) - before[1]
+                ingested = running.documents / running.seconds if running is not None else 0.0
                 cells.append(Cell(corpus=corpus, caller=caller, clients=count, replicas=replicas, **found,
-                                  readable=len(readable), audit_versions_per_receipt=versions / max(1, receipts)))  # fmt: skip
+                                  readable=len(readable), ingested_docs_per_s=round(ingested, 1),
+                                  audit_versions_per_receipt=commits / max(1, receipts)))  # fmt: skip
                 print(_line(cells[-1]), flush=True)
     finally:
         for process in processes:
             process.terminate()
             process.wait(30)
-    receipts = warehouse.audit.head()[0]
-    size_before = _audit_size(folder)
+    receipts = warehouse.audit.count()
+    size_before, kept_before = _audit_size(folder), _versions_kept(folder)
     warehouse.store.optimize()
-    return {"cells": [asdict(cell) for cell in cells], "receipts": receipts,
+    return {"cells": [asdict(cell) for cell in cells], "receipts": receipts, "ingest": ingest,
             "audit_bytes_per_receipt": {"before_optimize": size_before / max(1, receipts),
-                                        "after_optimize": _audit_size(folder) / max(1, receipts)}}  # fmt: skip
+                                        "after_optimize": _audit_size(folder) / max(1, receipts)},
+            "audit_versions_kept": {"before_optimize": kept_before, "after_optimize": _versions_kept(folder)}}  # fmt: skip
 
 
-def _versions(folder: Path) -> int:
+def _versions_kept(folder: Path) -> int:
     return sum(1 for _ in (folder / "audit.lance" / "_versions").glob("*.manifest"))
+
+
+def _commits(folder: Path) -> int:
+    """Commits of the audit table so far: its latest version number (pruning does not lower it),
+    read from the manifests' names (Lance's V2 scheme names version v ``2**64 - 1 - v``)."""
+    numbers = [int(path.stem) for path in (folder / "audit.lance" / "_versions").glob("*.manifest")]
+    return max((2**64 - 1 - n if n > 2**63 else n for n in numbers), default=0)
 
 
 def _free_port() -> int:
@@ -230,8 +314,9 @@ def _free_port() -> int:
 def _line(cell: Cell) -> str:
     return (f"{cell.corpus:8} {cell.caller:9} {cell.clients:>3} clients x{cell.replicas}: {cell.per_second:7.1f}/s  "
             f"p50 {cell.p50_ms:7.1f}  p95 {cell.p95_ms:7.1f}  p99 {cell.p99_ms:7.1f} ms  errors {cell.errors}  "
-            f"503 {cell.overloaded}  leaks {cell.leaks}  queue {cell.queue_ms:.1f} app {cell.app_ms:.1f} ms  "
-            f"audit versions/receipt {cell.audit_versions_per_receipt:.2f}")  # fmt: skip
+            f"503 {cell.overloaded}  leaks {cell.leaks}  queue {cell.queue_ms:.1f} app {cell.app_ms:.1f} ms "
+            f"({', '.join(f'{k} {v}' for k, v in cell.stages_ms.items())})  ingest {cell.ingested_docs_per_s}/s  "
+            f"audit commits/receipt {cell.audit_versions_per_receipt:.3f}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,15 +326,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,4,16,64")
     parser.add_argument("--seconds", type=float, default=10.0, help="per cell")
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--ingest", action="store_true", help="keep an ingest running throughout")
+    parser.add_argument("--keep", type=Path, help="build the warehouse in this folder once, and reuse it")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--data", type=Path, default=Settings.from_env().data_dir)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ragwarden-serve-") as workdir:
         result = run(args.corpus, [int(c) for c in args.clients.split(",")], args.seconds, args.replicas,
-                     Path(workdir), args.data)  # fmt: skip
+                     Path(workdir), args.data, ingest=args.ingest, keep=args.keep)  # fmt: skip
     result["machine"] = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"serve-{args.corpus}-x{args.replicas}.json"
+    target = args.out / f"serve-{args.corpus}-x{args.replicas}{'-ingest' if args.ingest else ''}.json"
     target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"audit bytes per receipt: {result['audit_bytes_per_receipt']}; written to {target}")
     return 0

@@ -1,33 +1,38 @@
-"""Audit receipts: an append-only, hash-chained log of every retrieval and policy decision.
+"""Audit receipts: append-only, hash-chained logs of every retrieval and policy decision.
 
 Each receipt is one row of the warehouse's ``audit`` table (``state.AuditTable`` stores them;
-this module computes the chain). It carries a sequence number ``seq`` (1, 2, 3, ...), the hash of
-the receipt before it (``prev_hash``; 64 zeros for the first) and its own ``hash``: sha256 -- or
+this module computes the chains). Every writer process appends to a chain of its own, named by a
+random ``chain`` id: a sequence number ``seq`` (1, 2, 3, ...), the hash of the receipt before it
+in that chain (``prev_hash``; 64 zeros for the first) and its own ``hash``: sha256 -- or
 HMAC-sha256 when the log is given a key -- over a canonical JSON of every other field of the
-receipt (``_CHAINED``). Receipts keep ids, labels, counts and hashes; never chunk text, and the raw
-query only when the caller passes it.
+receipt, the chain id included (``_CHAINED``). Receipts keep ids, labels, counts and hashes; never
+chunk text, and the raw query only when the caller passes it. Receipts written before per-writer
+chains form one legacy chain (no chain id, hashed without it) and keep verifying.
 
-Several processes may append at once, on a local folder or on object storage alike, without file
-locks. Within a process, one appender commits the receipts of concurrent callers together
-(``appender.GroupCommit``); each caller returns once its receipt is durable. The appender reads
-the head (the highest ``seq`` and its hash) and commits the batch, chained on it, at the version it
-read: a commit by another process since then that took one of its ``seq`` makes Lance refuse the
-batch, which is then built again on the new head (bounded).
+Writers never read each other's rows: within a process one appender commits the receipts of
+concurrent callers together (``appender.GroupCommit``), each caller returning once its receipt is
+durable, and processes append side by side without a race for a shared head. A writer that
+cannot tell whether a commit landed starts a new chain rather than risk a fork.
 
-What the chain proves, and what it does not:
+Checkpoints bind every chain's head at one moment into one hash, a Merkle tree root over the
+heads (as RFC 6962 logs sign tree heads). Writers take one every ``checkpoint_every`` receipts,
+``verify`` takes one of exactly what it verified, and ``checkpoint()`` takes one on demand.
+
+What the chains prove, and what they do not:
 
 - an edited, deleted, inserted or renumbered receipt, and a first receipt whose ``prev_hash`` is
   not the genesis value, are found by ``verify``;
 - with plain sha256, anyone able to rewrite the table can also recompute every hash, so the
-  chain then only shows accidental damage; with an HMAC key (kept away from the table's
+  chains then only show accidental damage; with an HMAC key (kept away from the table's
   storage) a rewrite cannot produce valid hashes;
-- removing receipts *from the end* leaves a shorter chain that is still valid: nothing in the
-  table can tell that the tail is gone. Record ``head()`` somewhere else from time to time
-  (a ticket, a log shipper, another store) and compare it with the log to detect truncation.
+- removing receipts *from the end* of a chain leaves a shorter chain that is still valid: only a
+  checkpoint taken before shows the tail existed. ``verify`` checks the latest checkpoint in the
+  log; record a checkpoint's root somewhere else (a ticket, a log shipper, another store) and pass
+  it back as ``expect_head``, so that a checkpoint removed along with the tail is noticed too.
 
-Each batch lands as a small data file and reading the head scans them all, so the writer that
-passes every ``compact_every``-th receipt merges them and drops versions older than a few
-minutes (compaction commutes with concurrent appends); the warehouse's ``optimize`` does the same.
+Each commit lands as a small data file, so a writer merges them every ``compact_every`` of its
+receipts and drops versions older than a few minutes (compaction commutes with appends); the
+warehouse's ``optimize`` does the same.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ import hashlib
 import hmac
 import json
 import logging
-import random
+import os
 import re
-import time as _time
+import secrets
+import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
@@ -48,6 +54,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigurationError, InvalidRequestError, WarehouseError
 from .appender import GroupCommit
+from .merkle import merkle_root
 from .operations import ALL_OPERATIONS
 from .sql import sql_list, sql_string
 
@@ -58,6 +65,7 @@ __all__ = [
     "KINDS",
     "AuditLog",
     "ChainReport",
+    "Checkpoint",
     "Receipt",
     "ReceiptTable",
     "StoredReceipt",
@@ -68,13 +76,16 @@ GENESIS_HASH = "0" * 64
 KINDS = frozenset({"retrieval", "decision"})
 OPERATIONS = ALL_OPERATIONS
 
-_HASH_DOMAIN = b"ragwarden.audit.v1\n"
+_HASH_DOMAIN = b"ragwarden.audit.v1\n"  # the legacy chain, written before per-writer chains
+_HASH_DOMAIN_CHAINED = b"ragwarden.audit.v2\n"
+_CHECKPOINT_DOMAIN = b"ragwarden.audit.checkpoint.v1\n"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MAX_INT32 = 2**31 - 1
-_MAX_ATTEMPTS = 100
-_MAX_BACKOFF_S = 0.05
 COMPACT_EVERY = 200
+CHECKPOINT_EVERY = 1000
+LEGACY_CHAIN = ""
+"""The chain id of receipts written before per-writer chains (stored as null)."""
 
 
 class ReceiptTable(Protocol):
@@ -83,12 +94,13 @@ class ReceiptTable(Protocol):
     def recorded_key_check(self) -> str | None: ...
     def schema_intact(self) -> bool: ...
     def count(self) -> int: ...
-    def head(self, floor: int = 0) -> tuple[int, str] | None: ...
-    def append_on_head(
-        self, build: Callable[[int, str], Sequence[Mapping[str, Any]]], floor: int = 0
-    ) -> Sequence[Mapping[str, Any]] | None: ...
+    def append(self, rows: Sequence[Mapping[str, Any]]) -> None: ...
+    def batches(self, columns: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]: ...
+    def links(self, chain: str | None) -> list[dict[str, Any]]: ...
+    def heads(self) -> dict[str | None, tuple[int, str]]: ...
     def rows(self, where: str | None = None) -> list[dict[str, Any]]: ...
-    def all_rows(self) -> list[dict[str, Any]]: ...
+    def add_checkpoint(self, row: Mapping[str, Any]) -> None: ...
+    def checkpoints(self) -> list[dict[str, Any]]: ...
     def compact(self) -> int: ...
 
 
@@ -206,8 +218,10 @@ class Receipt:
 
 @dataclass(frozen=True, kw_only=True)
 class StoredReceipt(Receipt):
-    """A receipt as the log holds it: its place in the chain, its time and its hashes."""
+    """A receipt as the log holds it: its chain (``LEGACY_CHAIN`` for receipts from before
+    per-writer chains), its place in it, its time and its hashes."""
 
+    chain: str
     seq: int
     receipt_id: str
     time: datetime
@@ -215,16 +229,39 @@ class StoredReceipt(Receipt):
     hash: str
 
 
+ChainHead = tuple[str, int, str]
+"""(chain, seq, hash) of a chain's last receipt."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """Every chain's head at one moment, bound into one Merkle ``root`` (``merkle.merkle_root``).
+
+    Keep the root elsewhere and pass it back to ``verify(expect_head=root)``: each head it binds
+    must still be in the log, unchanged. ``hash`` (sha256, or HMAC with the log's key) covers the
+    rest, so an edited checkpoint is caught too.
+    """
+
+    root: str
+    time: datetime
+    receipts: int
+    heads: tuple[ChainHead, ...]
+    hash: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChainReport:
-    """What ``verify`` found: ``ok`` when every receipt is intact and in place.
+    """What ``verify`` found: ``ok`` when every receipt of every chain is intact and in place.
 
-    Each problem names the ``seq`` it concerns and what is wrong with it.
+    Each problem names the chain and ``seq`` it concerns and what is wrong with it. ``checkpoint``
+    binds exactly the heads verified (taken only when ``ok``).
     """
 
     ok: bool
     receipts: int
     problems: tuple[str, ...]
+    chains: int = 0
+    checkpoint: Checkpoint | None = None
 
 
 _RECEIPT_FIELDS = tuple(f.name for f in fields(Receipt))
@@ -245,21 +282,79 @@ def _micros(moment: datetime) -> int:
     return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
-_CHAINED = (*_RECEIPT_FIELDS, "labels", "seq", "receipt_id", "time", "prev_hash")
-"""What a receipt's hash covers: every field of the receipt as stored, but the hash itself."""
+_LEGACY_CHAINED = (*_RECEIPT_FIELDS, "labels", "seq", "receipt_id", "time", "prev_hash")
+_CHAINED = (*_LEGACY_CHAINED, "chain")
+"""What a receipt's hash covers: every field of the receipt as stored, but the hash itself (a
+legacy receipt's: all of those but the chain it does not have)."""
 
 
 def _hash_payload(row: Mapping[str, Any]) -> bytes:
     """Canonical bytes of the ``_CHAINED`` fields; ``time`` as integer microseconds (UTC)."""
+    legacy = not row.get("chain")
     payload = {}
-    for name in _CHAINED:
+    for name in _LEGACY_CHAINED if legacy else _CHAINED:
         value = row[name]
         if name == "time":
             value = _micros(value)
         elif isinstance(value, tuple):
             value = list(value)
         payload[name] = value
-    return _HASH_DOMAIN + _canonical_json(payload).encode("utf-8")
+    return (_HASH_DOMAIN if legacy else _HASH_DOMAIN_CHAINED) + _canonical_json(payload).encode("utf-8")
+
+
+def _checkpoint_payload(root: str, moment: datetime, receipts: int, heads: Sequence[ChainHead]) -> bytes:
+    body = {"root": root, "time": _micros(moment), "receipts": receipts, "heads": [list(head) for head in heads]}
+    return _CHECKPOINT_DOMAIN + _canonical_json(body).encode("utf-8")
+
+
+def _place(chain: str, seq: int | str) -> str:
+    """How a problem names a receipt: ``seq N`` in the legacy chain, ``chain C seq N`` elsewhere."""
+    return f"seq {seq}" if chain == LEGACY_CHAIN else f"chain {chain} seq {seq}"
+
+
+def _link_digest(seq: int, digest: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seq}:{digest}".encode("utf-8", "surrogatepass")).digest(), "big")
+
+
+@dataclass(kw_only=True)
+class _ChainTally:
+    """What one streamed pass keeps of a chain, whatever its length: enough to tell whether its
+    links are complete (the receipts' (seq, hash) pairs and their (seq - 1, prev_hash) claims are
+    equal multisets, summed as hashes) and where it ends."""
+
+    count: int = 0
+    low: int = 0
+    head: tuple[int, str] = (0, GENESIS_HASH)
+    have: int = 0
+    want: int = 0
+    genesis_ok: bool = True
+
+    def add(self, seq: int, digest: str, prev: str) -> None:
+        self.count += 1
+        self.low = seq if self.count == 1 else min(self.low, seq)
+        if seq > self.head[0]:
+            self.head = (seq, digest)
+        self.have += _link_digest(seq, digest)
+        if seq == 1:
+            self.genesis_ok = self.genesis_ok and prev == GENESIS_HASH
+        else:
+            self.want += _link_digest(seq - 1, prev)
+
+    def intact(self) -> bool:
+        return (
+            self.genesis_ok and self.low == 1 and self.count == self.head[0]
+            and self.have - _link_digest(*self.head) == self.want
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Writer:
+    """This process's own chain: where its next receipt goes."""
+
+    pid: int
+    chain: str
+    seq: int = 0
+    hash: str = GENESIS_HASH
 
 
 def _timestamp_literal(moment: object, what: str) -> str:
@@ -277,7 +372,7 @@ def _timestamp_literal(moment: object, what: str) -> str:
 
 
 class AuditLog:
-    """The ``audit`` table: append receipts, verify the chain, find receipts by what they touched.
+    """The ``audit`` table: append receipts, verify the chains, find receipts by what they touched.
 
     ``key``, when given, makes every hash an HMAC-sha256 so that whoever can rewrite the table
     cannot forge a valid chain without the key. A log keeps one key for its life: the table
@@ -290,23 +385,29 @@ class AuditLog:
         *,
         key: bytes | None = None,
         compact_every: int | None = COMPACT_EVERY,
+        checkpoint_every: int | None = CHECKPOINT_EVERY,
     ) -> None:
         """``table_for(key_check)`` opens the receipts' table, recording ``key_check`` (a check
-        value of ``key``) if it creates it (``state.Store.audit_table``)."""
+        value of ``key``) if it creates it (``state.Store.audit_table``). A writer merges the
+        table's small files every ``compact_every`` of its receipts and takes a checkpoint every
+        ``checkpoint_every`` (None: never)."""
         if key is not None and (not isinstance(key, bytes) or not key):
             raise ConfigurationError("the audit HMAC key must be non-empty bytes")
-        if compact_every is not None and (not isinstance(compact_every, int) or compact_every < 1):
-            raise ConfigurationError(f"compact_every must be a positive int or None, got {compact_every!r}")
+        for name, every in (("compact_every", compact_every), ("checkpoint_every", checkpoint_every)):
+            if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+                raise ConfigurationError(f"{name} must be a positive int or None, got {every!r}")
         self._compact_every = compact_every
+        self._checkpoint_every = checkpoint_every
         self._key = key
         self._key_check = (
             hmac.new(key, b"ragwarden audit key check", hashlib.sha256).hexdigest() if key is not None else "none"
         )
         self._table = table_for(self._key_check)
         self._key_problem_at_open = self._key_problem()  # the key check never changes legitimately
-        self._head: tuple[int, str] = (0, GENESIS_HASH)
+        self._writer: _Writer | None = None
+        self._written = 0  # receipts this process committed (for its maintenance rhythm)
+        self._maintaining = threading.Lock()
         self._appender: GroupCommit[Receipt, StoredReceipt] = GroupCommit(self._commit, name="audit-appender")
-        self.lost_races = 0  # appends that found their seq taken and retried (for monitoring)
 
     def _key_problem(self) -> str | None:
         recorded = self._table.recorded_key_check()
@@ -320,39 +421,85 @@ class AuditLog:
 
     # -- hashing --------------------------------------------------------------------------
 
-    def _hash(self, row: Mapping[str, Any]) -> str:
-        payload = _hash_payload(row)
+    def _digest(self, payload: bytes) -> str:
         if self._key is None:
             return hashlib.sha256(payload).hexdigest()
         return hmac.new(self._key, payload, hashlib.sha256).hexdigest()
 
+    def _hash(self, row: Mapping[str, Any]) -> str:
+        return self._digest(_hash_payload(row))
+
     # -- maintenance ------------------------------------------------------------------------
 
     def compact(self) -> None:
-        """Merge the receipts' small data files, so reading the head stays fast; rows are unchanged."""
+        """Merge the receipts' small data files and drop old versions; rows are unchanged."""
         self._table.compact()
 
-    def _compact_quietly(self) -> None:
-        # The receipt is already committed: a failed compaction (say, a race with another
-        # compaction) must not make the caller believe the append failed and retry it.
+    def _in_background(self, what: str, step: Callable[[], object]) -> None:
+        """Run ``step`` on a thread of its own (one at a time), so no caller waits for it and
+        appends go on meanwhile (compaction and checkpoints commute with appends). The receipts are
+        already committed: a failed step (say, a race with another process's compaction) is only
+        logged, never mistaken for a failed append."""
+        if not self._maintaining.acquire(blocking=False):
+            return  # one step at a time; the next threshold tries again
+
+        def run() -> None:
+            try:
+                step()
+            except Exception as exc:
+                log.warning("audit log %s failed (it will be tried again later): %s", what, exc)
+            finally:
+                self._maintaining.release()
+
+        # Not a daemon: a process that exits meanwhile waits for the step rather than abort inside Lance.
+        threading.Thread(target=run, name=f"audit-{what}", daemon=False).start()
+
+    def count(self) -> int:
+        """How many receipts the log holds, in all chains."""
+        return self._table.count()
+
+    def settled(self, timeout: float = 60.0) -> bool:
+        """Wait until no compaction or checkpoint runs in the background (False if one still does)."""
+        if not self._maintaining.acquire(timeout=timeout):
+            return False
+        self._maintaining.release()
+        return True
+
+    def checkpoint(self) -> Checkpoint:
+        """Bind every chain's current head into one root, store it and return it."""
+        heads = {chain or LEGACY_CHAIN: head for chain, head in self._table.heads().items()}
+        return self._store_checkpoint(heads)
+
+    def _store_checkpoint(self, heads: Mapping[str, tuple[int, str]]) -> Checkpoint:
+        listed = tuple(sorted((chain, seq, digest) for chain, (seq, digest) in heads.items()))
+        root = merkle_root(listed)
+        moment = datetime.now(timezone.utc)
+        receipts = sum(seq for _, seq, _ in listed)
+        digest = self._digest(_checkpoint_payload(root, moment, receipts, listed))
+        heads = _canonical_json([list(head) for head in listed])
+        self._table.add_checkpoint({"root": root, "time": moment, "receipts": receipts, "heads": heads, "hash": digest})
+        return Checkpoint(root=root, time=moment, receipts=receipts, heads=listed, hash=digest)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every stored checkpoint, oldest first."""
+        return [self._checkpoint_of(row) for row in self._table.checkpoints()]
+
+    @staticmethod
+    def _checkpoint_of(row: Mapping[str, Any]) -> Checkpoint:
         try:
-            self.compact()
-        except Exception as exc:
-            log.warning("audit log compaction failed (it will be tried again later): %s", exc)
+            heads = tuple((str(chain), int(seq), str(digest)) for chain, seq, digest in json.loads(row["heads"]))
+        except (TypeError, ValueError) as exc:
+            heads = ()
+            log.warning("audit checkpoint %s has malformed heads: %s", row.get("root"), exc)
+        return Checkpoint(root=row["root"], time=row["time"].astimezone(timezone.utc), receipts=row["receipts"],
+                          heads=heads, hash=row["hash"])  # fmt: skip
 
     # -- appending ------------------------------------------------------------------------
 
-    def head(self) -> tuple[int, str]:
-        """(seq, hash) of the last receipt, (0, genesis) when empty: keep it elsewhere to detect a
-        truncated tail later."""
-        return self._table.head(self._head[0]) or (0, GENESIS_HASH)
-
     def append(self, receipt: Receipt) -> StoredReceipt:
-        """Add ``receipt`` at the end of the chain and return it as stored, once it is durable.
+        """Add ``receipt`` at the end of this process's chain and return it as stored, once durable.
 
-        The process's receipts are committed by one appender, in batches (``appender``); races with
-        other processes are settled by ``seq``: a batch whose first ``seq`` was taken is built again
-        on the new head, up to a bound.
+        The process's receipts are committed by one appender, in batches (``appender``).
         """
         if not isinstance(receipt, Receipt):
             raise InvalidRequestError(f"append needs a Receipt, got {type(receipt).__name__}")
@@ -361,47 +508,40 @@ class AuditLog:
         return self._appender.submit(receipt)
 
     def _commit(self, receipts: Sequence[Receipt]) -> list[StoredReceipt]:
-        """Chain ``receipts`` onto the head and commit them at once; again on a new head if another
-        writer took the next ``seq`` meanwhile."""
-        columns = [_columns_of(receipt) for receipt in receipts]
-
-        def chained(head_seq: int, head_hash: str) -> list[dict[str, Any]]:
-            rows: list[dict[str, Any]] = []
-            for offset, values in enumerate(columns, start=1):
-                row = {**values, "seq": head_seq + offset, "receipt_id": str(uuid.uuid4()),
-                       "time": datetime.now(timezone.utc), "prev_hash": rows[-1]["hash"] if rows else head_hash or GENESIS_HASH}  # fmt: skip
-                row["hash"] = self._hash(row)
-                rows.append(row)
-            return rows
-
-        for attempt in range(_MAX_ATTEMPTS):
-            rows = self._table.append_on_head(chained, self._head[0])
-            if rows is not None:
-                first, last = rows[0], rows[-1]
-                self._head = (last["seq"], last["hash"])
-                if self._compact_every and (first["seq"] - 1) // self._compact_every != last["seq"] // self._compact_every:
-                    self._compact_quietly()
-                return [
-                    StoredReceipt(
-                        **{name: getattr(receipt, name) for name in _RECEIPT_FIELDS},
-                        seq=row["seq"], receipt_id=row["receipt_id"], time=row["time"], prev_hash=row["prev_hash"],
-                        hash=row["hash"],
-                    )  # fmt: skip
-                    for receipt, row in zip(receipts, rows, strict=True)
-                ]
-            self.lost_races += 1
-            _time.sleep(random.uniform(0, min(_MAX_BACKOFF_S, 0.001 * 2**attempt)))
-        raise WarehouseError(
-            f"the audit receipts could not be appended after {_MAX_ATTEMPTS} attempts: other writers kept "
-            "taking the next sequence number; retry the operation, or run fewer concurrent writers"
-        )
+        """Chain ``receipts`` onto this process's chain (a new one in a new process) and commit them at once."""
+        writer = self._writer
+        if writer is None or writer.pid != os.getpid():
+            writer = _Writer(pid=os.getpid(), chain=secrets.token_hex(8))
+        rows: list[dict[str, Any]] = []
+        for offset, receipt in enumerate(receipts, start=1):
+            row = {**_columns_of(receipt), "chain": writer.chain, "seq": writer.seq + offset,
+                   "receipt_id": str(uuid.uuid4()), "time": datetime.now(timezone.utc),
+                   "prev_hash": rows[-1]["hash"] if rows else writer.hash}  # fmt: skip
+            row["hash"] = self._hash(row)
+            rows.append(row)
+        self._writer = None  # until the commit is known to have landed: a failure starts a new chain
+        self._table.append(rows)
+        self._writer = _Writer(pid=writer.pid, chain=writer.chain, seq=rows[-1]["seq"], hash=rows[-1]["hash"])
+        before, self._written = self._written, self._written + len(rows)
+        for every, what, step in ((self._compact_every, "compaction", self.compact),
+                                  (self._checkpoint_every, "checkpoint", self.checkpoint)):  # fmt: skip
+            if every and before // every != self._written // every:
+                self._in_background(what, step)
+        placed = ("chain", "seq", "receipt_id", "time", "prev_hash", "hash")
+        return [
+            StoredReceipt(**{name: getattr(receipt, name) for name in _RECEIPT_FIELDS}, **{name: row[name] for name in placed})
+            for receipt, row in zip(receipts, rows, strict=True)
+        ]
 
     # -- verifying ------------------------------------------------------------------------
 
-    def verify(self, *, expect_head: tuple[int, str] | None = None) -> ChainReport:
-        """Recompute every hash and link; report each receipt that is edited, missing, extra or
-        out of place. A tail cut off the end is visible only against ``expect_head``, a (seq, hash)
-        recorded elsewhere earlier: the chain must still hold that receipt, unchanged."""
+    def verify(self, *, expect_head: str | tuple[int, str] | None = None, checkpoint: bool = True) -> ChainReport:
+        """Recompute every hash and link of every chain, streaming the log (memory grows with the
+        number of chains, not receipts); report each receipt that is edited, missing, extra or out
+        of place. A tail cut off the end is visible only against a checkpoint taken before: the
+        latest in the log, and ``expect_head``, the root of one recorded elsewhere (or, for a log
+        from before per-writer chains, the SEQ:HASH head its verify printed). When all is intact and
+        ``checkpoint`` is set, the report carries a new checkpoint of exactly the heads verified."""
         problems: list[str] = []
         key_problem = self._key_problem()
         if key_problem:
@@ -409,36 +549,87 @@ class AuditLog:
         if not self._table.schema_intact():
             problems.append("table: the audit table's schema was changed")
             return ChainReport(ok=False, receipts=self._table.count(), problems=tuple(problems))
-        rows = self._table.all_rows()
+
+        anchors = self._anchors(expect_head, problems)
+        wanted = {(chain, seq): (digest, name) for name, heads in anchors for chain, seq, digest in heads}
+        tallies: dict[str, _ChainTally] = {}
+        receipts = 0
+        for rows in self._table.batches():
+            for row in rows:
+                receipts += 1
+                chain, seq = row["chain"] or LEGACY_CHAIN, row["seq"]
+                try:
+                    computed = self._hash(row)
+                except (TypeError, ValueError, KeyError) as exc:
+                    computed = f"<cannot hash: {exc}>"
+                if computed != row["hash"]:
+                    problems.append(f"{_place(chain, seq)}: hash does not match the receipt's content (edited or forged)")
+                tallies.setdefault(chain, _ChainTally()).add(seq, row["hash"], row["prev_hash"])
+                expected = wanted.pop((chain, seq), None)
+                if expected is not None and expected[0] != row["hash"]:
+                    problems.append(f"{_place(chain, seq)}: its hash is not the one {expected[1]} recorded (the chain was rewritten)")
+        for chain in sorted(chain for chain, tally in tallies.items() if not tally.intact()):
+            problems.extend(self._broken_links(chain))
+        for (chain, seq), (_, name) in sorted(wanted.items()):
+            end = tallies[chain].head[0] if chain in tallies else 0
+            problems.append(f"{_place(chain, seq)}: the head {name} recorded is gone (the chain ends at seq {end}; "
+                            "receipts were dropped from the end)")  # fmt: skip
+        taken = None
+        if not problems and checkpoint:
+            try:
+                taken = self._store_checkpoint({chain: tally.head for chain, tally in tallies.items()})
+            except Exception as exc:  # the verdict stands; only the record of it is missing
+                log.warning("audit verify could not store its checkpoint: %s", exc)
+        return ChainReport(ok=not problems, receipts=receipts, problems=tuple(problems), chains=len(tallies),
+                           checkpoint=taken)  # fmt: skip
+
+    def _anchors(
+        self, expect_head: str | tuple[int, str] | None, problems: list[str]
+    ) -> list[tuple[str, tuple[ChainHead, ...]]]:
+        """The heads the log must still hold: the latest checkpoint's and the expected one's, each
+        named for its problems; a checkpoint that is itself changed, or missing, is a problem."""
+        stored = self._table.checkpoints()
+        anchors: list[tuple[str, tuple[ChainHead, ...]]] = []
+        chosen: list[Mapping[str, Any]] = stored[-1:]
+        if isinstance(expect_head, tuple):
+            seq, digest = expect_head
+            anchors.append(("the expected head", ((LEGACY_CHAIN, seq, digest),)))
+        elif expect_head is not None:
+            if not isinstance(expect_head, str) or not _HEX64.fullmatch(expect_head):
+                raise InvalidRequestError(f"expect_head {expect_head!r} is not a checkpoint root (64 lowercase hex digits)")
+            matching = [row for row in stored if row["root"] == expect_head]
+            if not matching:
+                problems.append(f"checkpoint {expect_head}: not in the log (the log's checkpoints were removed, "
+                                "or the root is not of this log)")  # fmt: skip
+            chosen = [*matching[-1:], *(row for row in chosen if row["root"] != expect_head)]
+        for row in chosen:
+            found = self._checkpoint_of(row)
+            name = f"checkpoint {found.root[:16]}"
+            if merkle_root(found.heads) != found.root or self._digest(
+                _checkpoint_payload(found.root, found.time, found.receipts, found.heads)
+            ) != found.hash:
+                problems.append(f"{name}: does not match its heads (the checkpoint was edited)")
+            anchors.append((name, found.heads))
+        return anchors
+
+    def _broken_links(self, chain: str) -> list[str]:
+        """What exactly is wrong with the links of a chain the streamed pass found broken."""
+        problems: list[str] = []
         expected_seq, expected_prev, prev_seq = 1, GENESIS_HASH, None
-        for row in rows:
+        for row in self._table.links(chain or None):
             seq = row["seq"]
             if seq < expected_seq:
-                problems.append(f"seq {seq}: appears more than once (a receipt was inserted or renumbered)")
+                problems.append(f"{_place(chain, seq)}: appears more than once (a receipt was inserted or renumbered)")
             elif seq > expected_seq:
                 missing = f"{expected_seq}" if seq == expected_seq + 1 else f"{expected_seq}..{seq - 1}"
-                problems.append(f"seq {missing}: missing (deleted or renumbered)")
-            try:
-                computed = self._hash(row)
-            except (TypeError, ValueError, KeyError) as exc:
-                computed = f"<cannot hash: {exc}>"
-            if computed != row["hash"]:
-                problems.append(f"seq {seq}: hash does not match the receipt's content (edited or forged)")
+                problems.append(f"{_place(chain, missing)}: missing (deleted or renumbered)")
             if row["prev_hash"] != expected_prev:
                 if prev_seq is None:
-                    problems.append(f"seq {seq}: first receipt's prev_hash is not the genesis value (64 zeros)")
+                    problems.append(f"{_place(chain, seq)}: first receipt's prev_hash is not the genesis value (64 zeros)")
                 else:
-                    problems.append(f"seq {seq}: prev_hash is not the hash of the receipt before it (seq {prev_seq})")
+                    problems.append(f"{_place(chain, seq)}: prev_hash is not the hash of the receipt before it (seq {prev_seq})")
             expected_seq, expected_prev, prev_seq = seq + 1, row["hash"], seq
-        if expect_head is not None:
-            seq, digest = expect_head
-            held = [row["hash"] for row in rows if row["seq"] == seq]
-            if not held:
-                problems.append(f"seq {seq}: the recorded head is gone (the chain ends at seq {prev_seq or 0}; "
-                                "receipts were dropped from the end)")  # fmt: skip
-            elif digest not in held:
-                problems.append(f"seq {seq}: its hash is not the recorded head's (the chain was rewritten)")
-        return ChainReport(ok=not problems, receipts=len(rows), problems=tuple(problems))
+        return problems or [f"chain {chain or '(legacy)'}: its links do not add up (a receipt was inserted or renumbered)"]
 
     # -- querying -------------------------------------------------------------------------
 
@@ -456,7 +647,7 @@ class AuditLog:
         until: datetime | None = None,
         limit: int | None = None,
     ) -> list[StoredReceipt]:
-        """Receipts matching every given filter, newest (highest seq) first.
+        """Receipts matching every given filter, newest first.
 
         ``since`` is inclusive and ``until`` exclusive; both need a timezone. ``limit`` keeps the
         newest that many. ``any_chunk_ids`` matches receipts naming any of those rows (none: no
@@ -499,6 +690,7 @@ class AuditLog:
             values["details"] = json.loads(row["details"])
             return StoredReceipt(
                 **values,
+                chain=row["chain"] or LEGACY_CHAIN,
                 seq=row["seq"],
                 receipt_id=row["receipt_id"],
                 time=row["time"].astimezone(timezone.utc),

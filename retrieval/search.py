@@ -341,16 +341,22 @@ class Searcher:
         need the ``reader`` whose visible rows their statistics count."""
         if mode != "vector" and reader is None:
             raise ValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
+        version = self.store.chunks_version  # the request's freshness check, when one is pinned
         for _ in range(3):
-            version = self.store.chunks_version
+            exact_version = False
             if mode == "vector":
-                ranked = [(row, 1.0 - float(row["_distance"])) for row in self._vector(vector, where, k, version)]
+                rows, exact_version = self._vector(vector, where, k, version)
+                ranked = [(row, 1.0 - float(row["_distance"])) for row in rows]
             elif mode == "fts":
                 ranked = self._lexical(query, where, k, version, reader)  # type: ignore[arg-type]
             else:
                 ranked = self._hybrid(query, vector, where, k, version, reader)  # type: ignore[arg-type]
-            if self.store.chunks_version == version:
+            if exact_version:
+                break  # ranked from rows read at exactly this version: nothing to re-check
+            latest = self.store.latest_chunks_version()
+            if latest == version:
                 break
+            version = latest
         return ranked, version
 
     def plan(self, where: str, version: int) -> str:
@@ -375,17 +381,18 @@ class Searcher:
 
     def _vector(
         self, vector: np.ndarray | None, where: str, limit: int, version: int, *, exact: bool = False
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], bool]:
         """The ``limit`` nearest rows ``where`` admits, by the planned search (``exact``: always
-        the exact scan, whose ranking depends on the admitted rows alone)."""
+        the exact scan, whose ranking depends on the admitted rows alone), and whether they were
+        read at ``version`` itself (held rows) rather than at the table's latest."""
         plan = "flat" if exact else self.plan(where, version)
         if plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension):
             visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
             if visible is not None:
-                return [{**row, "_distance": 1.0 - score} for row, score in visible.top(vector, limit)]
+                return [{**row, "_distance": 1.0 - score} for row, score in visible.top(vector, limit)], True
         if plan == "flat":
-            return self.store.nearest(vector, where=where, limit=limit, columns=RESULT_COLUMNS, exact=True)
-        return self.store.nearest(
+            return self.store.nearest(vector, where=where, limit=limit, columns=RESULT_COLUMNS, exact=True), False
+        found = self.store.nearest(
             vector,
             where=where,
             limit=limit,
@@ -394,6 +401,7 @@ class Searcher:
             nprobes=self.nprobes(where, version),
             refine_factor=INDEX_REFINE_FACTOR,
         )
+        return found, False
 
     def _read_visible(self, where: str, version: int) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``; None if the table has moved on (the caller
@@ -443,7 +451,7 @@ class Searcher:
         self, query: str, vector: np.ndarray | None, where: str, k: int, version: int, reader: Reader
     ) -> list[tuple[dict[str, Any], float]]:
         depth = max(k, HYBRID_CANDIDATES)
-        vector_rows = self._vector(vector, where, depth, version, exact=True)
+        vector_rows, _ = self._vector(vector, where, depth, version, exact=True)
         text_rows = [row for row, _ in self._lexical(query, where, depth, version, reader)]
         rows = {row["chunk_id"]: row for row in [*text_rows, *vector_rows]}
         fused = reciprocal_rank_fusion([[r["chunk_id"] for r in vector_rows], [r["chunk_id"] for r in text_rows]])

@@ -10,6 +10,7 @@ CLAUSES = "acl_clauses"
 POLICIES = "policies"
 LABELS = "labels"
 AUDIT = "audit"
+AUDIT_CHECKPOINTS = "audit_checkpoints"
 API_KEYS = "api_keys"
 
 TAG_COLUMNS = ("tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification")
@@ -91,8 +92,7 @@ PRIMARY_KEY = b"lance-schema:unenforced-primary-key"
 
 AUDIT_SCHEMA = pa.schema(
     [
-        # seq is the unenforced primary key: Lance then refuses a second concurrent insert of one seq.
-        pa.field("seq", pa.int64(), nullable=False, metadata={PRIMARY_KEY: b"true"}),
+        pa.field("seq", pa.int64(), nullable=False),
         pa.field("receipt_id", pa.string(), nullable=False),
         pa.field("time", _timestamp, nullable=False),
         pa.field("kind", pa.string(), nullable=False),
@@ -115,6 +115,20 @@ AUDIT_SCHEMA = pa.schema(
         pa.field("details", pa.string(), nullable=False),
         pa.field("prev_hash", pa.string(), nullable=False),
         pa.field("hash", pa.string(), nullable=False),
+        # Last, so a log from before per-writer chains gains it in place; null there: the one legacy chain.
+        pa.field("chain", pa.string()),
     ]
 )
-"""One audit receipt per row, hash-chained by ``seq`` (``governance.audit`` computes the chain)."""
+"""One audit receipt per row, hash-chained by ``seq`` within its writer's ``chain``
+(``governance.audit`` computes the chains)."""
+
+CHECKPOINT_SCHEMA = pa.schema(
+    [
+        pa.field("root", pa.string(), nullable=False),
+        pa.field("time", _timestamp, nullable=False),
+        pa.field("receipts", pa.int64(), nullable=False),
+        pa.field("heads", pa.string(), nullable=False),
+        pa.field("hash", pa.string(), nullable=False),
+    ]
+)
+"""One audit checkpoint per row: every chain's head at one moment, bound into a Merkle ``root``."""

@@ -7,9 +7,13 @@ filter, and conditional writes, and every failure to read or write the files lea
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -25,6 +29,7 @@ from ..governance.tags import GovernanceTags
 from .api_keys import ApiKeysTable
 from .audit_table import AuditTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
+from .freshness import SingleFlight, Versions
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
     IndexReport,
@@ -66,6 +71,10 @@ class SourceState:
     tenant: str
     doc_version: str
     tags_fingerprint: str
+
+
+_PINNED: ContextVar[tuple[int, Versions] | None] = ContextVar("ragwarden_pinned_versions", default=None)
+"""The versions one request reads at (``Store.pinned``), with the id of the store they belong to."""
 
 
 def _registry_version(clauses: int, labels: int) -> str:
@@ -122,6 +131,8 @@ class Store:
         self._chunks = self._table(CHUNKS, chunks_schema(dimension))  # last: its presence marks a complete warehouse
         for table, key in ((self._chunks, "chunk_id"), (self._policies, "seq")):
             declare_primary_key(table, key)
+        self._versions = SingleFlight(self._read_versions)
+        self._version_pool: tuple[int, ThreadPoolExecutor] | None = None
         self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
         self._label_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._lock = threading.Lock()
@@ -190,13 +201,61 @@ class Store:
 
     # -- ACL clause registry ---------------------------------------------------------------
 
+    # -- freshness ---------------------------------------------------------------------------
+
+    def versions(self) -> Versions:
+        """The latest version of every table a read depends on, from one check that began after
+        this call did (shared by the calls waiting for it: ``freshness.SingleFlight``)."""
+        return self._versions.get()
+
+    def _read_versions(self) -> Versions:
+        others = (self._policies, self._clauses, self._labels)
+        if self.local_path is not None:  # a local read is CPU, not waiting: threads would not help
+            policies, clauses, labels = (int(table.version) for table in others)
+            return Versions(chunks=int(self._chunks.version), policies=policies, clauses=clauses, labels=labels)
+        if self._version_pool is None or self._version_pool[0] != os.getpid():  # a forked child needs its own threads
+            self._version_pool = (os.getpid(), ThreadPoolExecutor(max_workers=len(others), thread_name_prefix="versions"))
+        pending = [self._version_pool[1].submit(lambda table=table: int(table.version)) for table in others]
+        chunks = int(self._chunks.version)  # object storage: four round trips at once, about one's time
+        policies, clauses, labels = (future.result() for future in pending)
+        return Versions(chunks=chunks, policies=policies, clauses=clauses, labels=labels)
+
+    @contextmanager
+    def pinned(self) -> Iterator[Versions]:
+        """Hold one freshness check (``versions()``) for a read operation: every version asked for
+        inside answers from it. Never around a write, which must see its own commits."""
+        held = _PINNED.get()
+        if held is not None and held[0] == id(self):
+            yield held[1]
+            return
+        versions = self.versions()
+        token = _PINNED.set((id(self), versions))
+        try:
+            yield versions
+        finally:
+            _PINNED.reset(token)
+
+    def _pin(self) -> Versions | None:
+        held = _PINNED.get()
+        return held[1] if held is not None and held[0] == id(self) else None
+
+    def _clauses_version(self) -> int:
+        pin = self._pin()
+        return pin.clauses if pin is not None else int(self._clauses.version)
+
+    def _labels_version(self) -> int:
+        pin = self._pin()
+        return pin.labels if pin is not None else int(self._labels.version)
+
+    # -- ACL clause registry ---------------------------------------------------------------
+
     def clause_registry(self) -> dict[str, tuple[str, ...]]:
         """Clause token -> principals, re-read only when the registry has a new version."""
-        return self._clauses_at(self._clauses.version)
+        return self._clauses_at(self._clauses_version())
 
     def registries(self) -> Registries:
         """The registries' version and the clause registry, read once for a whole search."""
-        clauses, labels = self._clauses.version, self._labels.version
+        clauses, labels = self._clauses_version(), self._labels_version()
         return Registries(version=_registry_version(clauses, labels), clauses=self._clauses_at(clauses))
 
     def _clauses_at(self, version: int) -> dict[str, tuple[str, ...]]:
@@ -220,7 +279,7 @@ class Store:
 
     def label_registry(self) -> frozenset[str]:
         """Every label a row has carried, re-read only when the registry has a new version."""
-        version = self._labels.version
+        version = self._labels_version()
         with self._lock:
             if self._label_cache[0] == version:
                 return self._label_cache[1]
@@ -239,7 +298,7 @@ class Store:
 
     def registry_version(self) -> str:
         """Changes whenever a clause token or a label is registered (part of every filter cache key)."""
-        return _registry_version(self._clauses.version, self._labels.version)
+        return _registry_version(self._clauses_version(), self._labels_version())
 
     def _labels_in_rows(self) -> set[str]:
         """Labels already on rows of a warehouse written before the label registry existed."""
@@ -296,7 +355,13 @@ class Store:
 
     @property
     def chunks_version(self) -> int:
-        """The latest committed version of ``chunks`` (every read sees the latest commit)."""
+        """The latest committed version of ``chunks`` (every read sees the latest commit), or the
+        one the request's freshness check read (``pinned``)."""
+        pin = self._pin()
+        return pin.chunks if pin is not None else int(self._chunks.version)
+
+    def latest_chunks_version(self) -> int:
+        """The latest committed version of ``chunks``, read now even inside ``pinned``."""
         return int(self._chunks.version)
 
     @property
@@ -305,8 +370,9 @@ class Store:
 
     @property
     def policies_version(self) -> int:
-        """Changes whenever a policy is installed."""
-        return int(self._policies.version)
+        """Changes whenever a policy is installed (the pinned one inside ``pinned``)."""
+        pin = self._pin()
+        return pin.policies if pin is not None else int(self._policies.version)
 
     def count(self, where: str | None = None) -> int:
         """Rows of ``chunks`` that ``where`` admits (every row for None)."""

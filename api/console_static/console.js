@@ -295,14 +295,14 @@ async function receiptsPage(view, params) {
     since: isoInstant(inputs.since.value), until: isoInstant(inputs.until.value) })));
   const chain = await api("audit/verify");
   view.append(el("p", { id: "chain-status", class: chain.ok ? "ok" : "broken" },
-    chain.ok ? `Chain verified: intact, ${chain.receipts} receipts, head #${chain.head_seq} ${chain.head_hash.slice(0, 16)}`
+    chain.ok ? `Chains verified: intact, ${chain.receipts} receipts in ${chain.chains} chains, checkpoint ${chain.checkpoint}`
       : `Chain BROKEN: ${chain.problems.join("; ")}`));
   const filters = Object.fromEntries(["subject", "label", "doc_id", "since", "until"].map((name) => [name, params.get(name)]));
   const found = await api("audit/receipts", { params: { ...filters, limit: RECEIPTS_SHOWN } });
   if (found.length === RECEIPTS_SHOWN) view.append(el("p", { id: "receipts-capped" }, `The ${RECEIPTS_SHOWN} newest matching receipts; narrow the filters for older ones.`));
   view.append(found.length
-    ? table(["#", "time (yours)", "operation", "subject", "actor", "allowed", "reason", "documents", "labels"], found.map((r) => [
-      String(r.seq), localInput(r.time).replace("T", " "), r.operation, r.subject, r.actor || "", r.allowed ? "yes" : "no", r.reason, r.doc_ids.join(", "),
+    ? table(["chain #", "time (yours)", "operation", "subject", "actor", "allowed", "reason", "documents", "labels"], found.map((r) => [
+      `${r.chain.slice(0, 8)} #${r.seq}`, localInput(r.time).replace("T", " "), r.operation, r.subject, r.actor || "", r.allowed ? "yes" : "no", r.reason, r.doc_ids.join(", "),
       chips([...new Set(Object.values(r.chunk_labels).flat())].sort())]), { id: "receipts" })
     : el("p", { id: "receipts", class: "empty" }, "No receipts match these filters."));
 }

@@ -298,12 +298,12 @@ def test_a_tokens_actor_is_an_agent_or_a_service(service, named, actor):
 
 
 def test_the_python_api_refuses_a_person_as_actor_before_anything_runs(demo_warehouse):
-    before = demo_warehouse.audit.head()
+    before = demo_warehouse.audit.count()
     with pytest.raises(InvalidRequestError, match="never a user or a group"):
         demo_warehouse.search("budget", subject="user:dave", tenant="acme", actor="user:carol")
     with pytest.raises(InvalidRequestError, match="never a user or a group"):
         demo_warehouse.explain("x", subject="user:dave", tenant="acme", actor="group:legal")
-    assert demo_warehouse.audit.head() == before  # nothing ran, nothing was recorded
+    assert demo_warehouse.audit.count() == before  # nothing ran, nothing was recorded
 
 
 @pytest.mark.parametrize(

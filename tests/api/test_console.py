@@ -181,7 +181,7 @@ def test_a_documents_lineage_is_drawn_from_source_to_chunks_derived_rows_and_rec
 def test_receipts_show_the_chain_status_and_filter_by_subject_label_document_and_time(console: Console, mint) -> None:
     console.sign_in(mint("carol"))
     console.open("#/receipts")
-    assert console.page.locator("#chain-status").inner_text().startswith("Chain verified: intact")
+    assert console.page.locator("#chain-status").inner_text().startswith("Chains verified: intact")
     console.submit("receipts-form", filter_subject="user:carol")
     subjects = console.texts("#receipts tbody td:nth-child(4)")
     assert subjects and set(subjects) == {"user:carol"}

@@ -84,13 +84,26 @@ def test_receipts_appended_by_many_threads_form_one_valid_chain_in_fewer_commits
     assert versions < 80, f"{versions} table versions for 80 receipts: no batching happened"
 
 
-def test_a_writer_that_was_not_last_builds_on_the_other_writers_head(tmp_path):
-    def log() -> AuditLog:
-        db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
-        return AuditLog(lambda key_check: AuditTable(db, key_check=key_check))
+class _LostAnswerTable(AuditTable):
+    """A real audit table whose first append lands but reports a failure, as a connection reset
+    after the commit would: the writer cannot tell whether its receipts are in."""
 
-    first, second = log(), log()
+    failed = False
+
+    def append(self, rows):
+        super().append(rows)
+        if not self.failed:
+            self.failed = True
+            raise OSError("connection reset by peer")
+
+
+def test_a_writer_that_cannot_tell_whether_a_commit_landed_starts_a_new_chain_never_a_fork(tmp_path):
+    db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
+    log = AuditLog(lambda key_check: _LostAnswerTable(db, key_check=key_check))
     receipt = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")
-    seqs = [writer.append(receipt).seq for writer in (first, second, first, first, second)]
-    assert seqs == [1, 2, 3, 4, 5]
-    assert first.verify().ok
+    with pytest.raises(OSError, match="connection reset"):
+        log.append(receipt)
+    after = [log.append(receipt), log.append(receipt)]
+    assert [r.seq for r in after] == [1, 2] and after[0].chain == after[1].chain
+    report = log.verify()
+    assert report.ok and report.receipts == 3 and report.chains == 2, report.problems

@@ -12,7 +12,9 @@ import json
 import multiprocessing
 import runpy
 import time
+import tracemalloc
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -25,13 +27,15 @@ from ragwarden.errors import ConfigurationError, InvalidRequestError, WarehouseE
 from ragwarden.governance.audit import (
     GENESIS_HASH,
     AuditLog,
+    Checkpoint,
     Receipt,
     StoredReceipt,
     _hash_payload,
     fingerprint,
 )
-from ragwarden.state import AuditTable
-from ragwarden.state.schema import AUDIT, AUDIT_SCHEMA
+from ragwarden.governance.merkle import EMPTY_ROOT
+from ragwarden.state import AuditTable, audit_table
+from ragwarden.state.schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SCHEMA
 
 # -- fixtures ------------------------------------------------------------------------------
 
@@ -109,7 +113,14 @@ def rewrite(table: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def problems_about(report: Any, seq: int) -> list[str]:
-    return [p for p in report.problems if p.startswith(f"seq {seq}:") or p.startswith(f"seq {seq}..")]
+    """The problems naming ``seq`` (of whichever chain), each without its chain's name."""
+    found = [p.partition(" seq ")[2] for p in report.problems]
+    return [f"seq {p}" for p in found if p.startswith((f"{seq}:", f"{seq}.."))]
+
+
+def at(stored: list[StoredReceipt], seq: int) -> str:
+    """How verify names receipt ``seq`` of the chain ``stored`` was appended to."""
+    return f"chain {stored[0].chain} seq {seq}"
 
 
 # -- appending and verifying ---------------------------------------------------------------
@@ -120,14 +131,16 @@ def test_appended_receipts_form_a_valid_chain_from_genesis(five: tuple[AuditLog,
     assert [r.seq for r in stored] == [1, 2, 3, 4, 5]
     assert stored[0].prev_hash == GENESIS_HASH
     assert all(later.prev_hash == earlier.hash for earlier, later in zip(stored, stored[1:], strict=False))
-    assert log.verify().ok and log.verify().receipts == 5 and log.verify().problems == ()
-    assert log.head() == (5, stored[-1].hash)
+    assert len({r.chain for r in stored}) == 1 and len(stored[0].chain) == 16
+    report = log.verify()
+    assert report.ok and report.receipts == 5 and report.chains == 1 and report.problems == ()
+    assert report.checkpoint is not None and report.checkpoint.heads == ((stored[0].chain, 5, stored[-1].hash),)
 
 
-def test_empty_log_verifies_and_has_the_genesis_head(db: Any) -> None:
-    log = log_of(db)
-    assert log.verify().ok and log.verify().receipts == 0
-    assert log.head() == (0, GENESIS_HASH)
+def test_empty_log_verifies_and_its_checkpoint_binds_no_chain(db: Any) -> None:
+    report = log_of(db).verify()
+    assert report.ok and report.receipts == 0 and report.chains == 0
+    assert report.checkpoint is not None and report.checkpoint.heads == () and report.checkpoint.root == EMPTY_ROOT
 
 
 def test_stored_receipt_reads_back_as_append_returned_it(db: Any, receipt: Callable[..., Receipt]) -> None:
@@ -164,8 +177,8 @@ def test_labels_column_is_the_union_of_chunk_labels(db: Any, receipt: Callable[.
 
 def test_log_accepts_an_open_table_as_well_as_a_connection(db: Any, receipt: Callable[..., Receipt]) -> None:
     log_of(db).append(receipt())
-    log = log_of(db)
-    assert log.append(receipt()).seq == 2 and log.verify().ok
+    log = log_of(db)  # a second writer on the open table: a chain of its own
+    assert log.append(receipt()).seq == 1 and log.verify().ok and log.verify().chains == 2
 
 
 @pytest.mark.parametrize(
@@ -199,11 +212,11 @@ def test_existing_audit_table_with_another_schema_is_refused(db: Any) -> None:
 
 
 def test_edited_field_is_detected_at_its_seq(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
-    log, _ = five
+    log, stored = five
     db.open_table(AUDIT).update(where="seq = 3", values={"subject": "user:mallory"})
     report = log.verify()
-    assert not report.ok
-    assert report.problems == ("seq 3: hash does not match the receipt's content (edited or forged)",)
+    assert not report.ok and report.checkpoint is None  # nothing broken is ever bound into a checkpoint
+    assert report.problems == (f"{at(stored, 3)}: hash does not match the receipt's content (edited or forged)",)
 
 
 def test_deleted_receipt_is_detected(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
@@ -256,8 +269,8 @@ def test_reordered_receipts_are_detected(five: tuple[AuditLog, list[StoredReceip
     report = log.verify()
     assert not report.ok and report.receipts == 5
     for seq in (2, 4):
-        assert f"seq {seq}: hash does not match the receipt's content (edited or forged)" in report.problems
-    assert any(p.startswith("seq 3: prev_hash") for p in report.problems)
+        assert f"{at(five[1], seq)}: hash does not match the receipt's content (edited or forged)" in report.problems
+    assert any(p.startswith(f"{at(five[1], 3)}: prev_hash") for p in report.problems)
 
 
 def test_broken_genesis_is_detected(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
@@ -272,33 +285,109 @@ def test_broken_genesis_is_detected(five: tuple[AuditLog, list[StoredReceipt]], 
         rest[i] = {**rest[i], "prev_hash": rest[i - 1]["hash"]}
         rest[i]["hash"] = plain_hash(rest[i])
     rewrite(table, [first, *rest])
-    assert log.verify().problems == ("seq 1: first receipt's prev_hash is not the genesis value (64 zeros)",)
+    assert log.verify().problems == (f"{at(five[1], 1)}: first receipt's prev_hash is not the genesis value (64 zeros)",)
 
 
 def test_truncated_tail_is_not_detectable_by_the_chain_alone(
     five: tuple[AuditLog, list[StoredReceipt]], db: Any
 ) -> None:
     """Deleting the newest receipts leaves a shorter chain that is still valid: nothing left in
-    the table can show the tail existed. Only a head recorded elsewhere (``head()``) reveals it."""
-    log, stored = five
-    anchor = log.head()
+    the receipts can show the tail existed. Only a checkpoint taken before reveals it."""
+    log, _ = five
     db.open_table(AUDIT).delete("seq >= 4")
-    report = log.verify()
+    report = log.verify(checkpoint=False)
     assert report.ok and report.receipts == 3 and report.problems == ()
-    assert log.head() == (3, stored[2].hash) != anchor
 
 
-def test_a_truncated_tail_is_caught_against_a_head_recorded_earlier(
+def test_a_truncated_tail_is_caught_against_the_last_checkpoint(
     five: tuple[AuditLog, list[StoredReceipt]], db: Any
 ) -> None:
     log, stored = five
-    anchor = log.head()
-    assert log.verify(expect_head=anchor).ok
+    taken = log.verify().checkpoint
+    assert taken is not None and taken.heads == ((stored[0].chain, 5, stored[4].hash),)
     db.open_table(AUDIT).delete("seq >= 4")
-    assert log.verify(expect_head=anchor).problems == (
-        "seq 5: the recorded head is gone (the chain ends at seq 3; receipts were dropped from the end)",
+    assert log.verify().problems == (
+        f"{at(stored, 5)}: the head checkpoint {taken.root[:16]} recorded is gone (the chain ends at seq 3; "
+        "receipts were dropped from the end)",
     )
-    assert not log.verify(expect_head=(2, "0" * 64)).ok  # a head whose receipt was rewritten
+
+
+def test_a_checkpoint_removed_with_the_tail_is_caught_against_its_root_kept_elsewhere(
+    five: tuple[AuditLog, list[StoredReceipt]], db: Any
+) -> None:
+    log, _ = five
+    kept = log.verify().checkpoint
+    assert kept is not None and log.verify(expect_head=kept.root).ok
+    db.open_table(AUDIT).delete("seq >= 4")
+    db.open_table(AUDIT_CHECKPOINTS).delete("true")
+    assert log.verify(checkpoint=False).ok  # the log alone no longer shows it
+    assert log.verify(expect_head=kept.root).problems == (
+        f"checkpoint {kept.root}: not in the log (the log's checkpoints were removed, or the root is not of this log)",
+    )
+
+
+def test_an_edited_checkpoint_is_caught(five: tuple[AuditLog, list[StoredReceipt]], db: Any) -> None:
+    log, stored = five
+    kept = log.verify().checkpoint
+    assert kept is not None
+    forged_heads = json.dumps([[stored[0].chain, 3, stored[2].hash]], separators=(",", ":"))
+    db.open_table(AUDIT_CHECKPOINTS).update(where="true", values={"heads": forged_heads})
+    assert log.verify().problems == (f"checkpoint {kept.root[:16]}: does not match its heads (the checkpoint was edited)",)
+
+
+def test_a_malformed_expected_head_is_refused_naming_it(five: tuple[AuditLog, list[StoredReceipt]]) -> None:
+    with pytest.raises(InvalidRequestError, match="'nope' is not a checkpoint root"):
+        five[0].verify(expect_head="nope")
+
+
+def test_writers_keep_separate_chains_and_a_checkpoint_binds_every_head(
+    db: Any, receipt: Callable[..., Receipt]
+) -> None:
+    first, second = log_of(db), log_of(db)
+    ours = [first.append(receipt()), second.append(receipt()), first.append(receipt())]
+    assert ours[0].chain == ours[2].chain != ours[1].chain
+    assert [r.seq for r in ours] == [1, 1, 2]
+    taken = first.checkpoint()
+    assert isinstance(taken, Checkpoint)
+    assert set(taken.heads) == {(ours[2].chain, 2, ours[2].hash), (ours[1].chain, 1, ours[1].hash)}
+    assert taken.receipts == 3 and [c.root for c in second.checkpoints()] == [taken.root]
+    report = second.verify(expect_head=taken.root)
+    assert report.ok and report.chains == 2 and report.receipts == 3
+
+
+def _legacy_rows(count: int) -> list[dict[str, Any]]:
+    """Receipts as a log from before per-writer chains held them: one chain, no chain id, each
+    hash sha256 over ``ragwarden.audit.v1`` and the canonical JSON of every other field."""
+    rows: list[dict[str, Any]] = []
+    prev = GENESIS_HASH
+    for seq in range(1, count + 1):
+        row = {"seq": seq, "receipt_id": f"r{seq}", "time": datetime(2026, 1, 1, 0, 0, seq, tzinfo=timezone.utc),
+               "kind": "retrieval", "operation": "search", "subject": "user:alice", "actor": None, "tenant": "acme",
+               "purpose": None, "query_fingerprint": None, "query": None, "chunk_ids": [f"c{seq}"], "doc_ids": [],
+               "labels": [], "chunk_labels": "{}", "withheld": 0, "allowed": True, "reason": "filtered by policy",
+               "policy_version": None, "table_version": None, "details": "{}", "prev_hash": prev}  # fmt: skip
+        payload = {k: int(v.timestamp() * 1_000_000) if k == "time" else v for k, v in row.items()}
+        body = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        row["hash"] = prev = hashlib.sha256(b"ragwarden.audit.v1\n" + body.encode()).hexdigest()
+        rows.append(row)
+    return rows
+
+
+def test_a_log_from_before_per_writer_chains_keeps_verifying_and_grows_new_chains(
+    db: Any, receipt: Callable[..., Receipt]
+) -> None:
+    legacy_schema = pa.schema([field for field in AUDIT_SCHEMA if field.name != "chain"])
+    rows = _legacy_rows(3)
+    db.create_table(AUDIT, data=pa.Table.from_pylist(rows, schema=legacy_schema))
+    log = log_of(db)
+    assert log.verify(expect_head=(3, rows[-1]["hash"])).ok  # a head its old verify printed
+    added = log.append(receipt())
+    assert added.chain and added.seq == 1
+    assert [r.chain for r in log.query()][-3:] == ["", "", ""]
+    report = log.verify()
+    assert report.ok and report.chains == 2 and report.receipts == 4
+    db.open_table(AUDIT).update(where="seq = 2 AND chain IS NULL", values={"subject": "user:mallory"})
+    assert log.verify().problems == ("seq 2: hash does not match the receipt's content (edited or forged)",)
 
 
 def test_hmac_key_detects_a_rewrite_that_recomputes_plain_sha256_hashes(
@@ -321,7 +410,7 @@ def test_hmac_key_detects_a_rewrite_that_recomputes_plain_sha256_hashes(
     report = log.verify()
     assert not report.ok
     assert [p for p in report.problems if "hash does not match" in p] == [
-        f"seq {seq}: hash does not match the receipt's content (edited or forged)" for seq in (1, 2, 3, 4)
+        f"chain {rows[0]['chain']} seq {seq}: hash does not match the receipt's content (edited or forged)" for seq in (1, 2, 3, 4)
     ]
 
 
@@ -447,12 +536,16 @@ def test_malformed_query_arguments_are_refused(
 
 def test_compaction_keeps_the_chain_and_merges_the_small_files(db: Any, receipt: Callable[..., Receipt]) -> None:
     log = log_of(db, compact_every=5)
-    for _ in range(12):
+    for _ in range(5):
         log.append(receipt())
+    assert log.settled()  # the writer compacts in the background, after the fifth receipt's commit
     table = db.open_table(AUDIT)
-    assert len(table.to_lance().get_fragments()) <= 3  # one merged file, then seq 11 and 12
+    assert len(table.to_lance().get_fragments()) == 1
+    for _ in range(2):
+        log.append(receipt())
+    assert len(table.to_lance().get_fragments()) == 3  # the merged file, then seq 6 and 7
     report = log.verify()
-    assert report.ok and report.receipts == 12
+    assert report.ok and report.receipts == 7
 
 
 def _writer(warehouse: str, name: str, count: int, start: Any, result: str) -> None:
@@ -460,19 +553,19 @@ def _writer(warehouse: str, name: str, count: int, start: Any, result: str) -> N
     log = log_of(connect(Path(warehouse)), compact_every=7)
     start.wait(60)
     began = time.perf_counter()
-    seqs = [
+    placed = [
         log.append(
             Receipt(kind="retrieval", operation="search", subject=f"user:{name}", tenant="acme", allowed=True,
                     reason=f"{name} #{i}", chunk_ids=(f"{name}-{i}",))
-        ).seq
+        )
         for i in range(count)
     ]  # fmt: skip
     Path(result).write_text(
-        json.dumps({"seqs": seqs, "lost_races": log.lost_races, "seconds": time.perf_counter() - began})
+        json.dumps({"places": [[r.chain, r.seq] for r in placed], "seconds": time.perf_counter() - began})
     )
 
 
-def test_concurrent_spawned_writers_give_one_complete_valid_chain(tmp_path: Path, warehouse: Path) -> None:
+def test_concurrent_spawned_writers_each_give_one_complete_valid_chain(tmp_path: Path, warehouse: Path) -> None:
     writers, each = 3, 20
     log_of(connect(warehouse))  # create the table before the race
     context = multiprocessing.get_context("spawn")
@@ -498,19 +591,39 @@ def test_concurrent_spawned_writers_give_one_complete_valid_chain(tmp_path: Path
     assert [p.exitcode for p in processes] == [0] * writers
 
     outcomes = [json.loads(path.read_text()) for path in results]
-    claimed = sorted(seq for outcome in outcomes for seq in outcome["seqs"])
-    assert claimed == list(range(1, writers * each + 1))  # no seq lost, none given twice
+    for outcome in outcomes:  # each writer its own chain, numbered 1..each without a gap
+        assert len({chain for chain, _ in outcome["places"]}) == 1
+        assert [seq for _, seq in outcome["places"]] == list(range(1, each + 1))
+    assert len({outcome["places"][0][0] for outcome in outcomes}) == writers
     log = log_of(connect(warehouse))
     report = log.verify()
-    assert report.ok and report.receipts == writers * each, report.problems
+    assert report.ok and report.receipts == writers * each and report.chains == writers, report.problems
     mine = {r.reason for r in log.query(subject="user:w1")}
     assert mine == {f"w1 #{i}" for i in range(each)}
-    print(
-        "concurrent writers:",
-        [(o["lost_races"], round(o["seconds"], 2)) for o in outcomes],
-        "(lost races, seconds) per writer",
-    )
+    print("concurrent writers:", [round(o["seconds"], 2) for o in outcomes], "seconds per writer")
 
 
 if __name__ == "audit_writer":  # run in a spawned process by runpy (see the test above)
     _writer(*WRITER)  # type: ignore[name-defined]  # noqa: F821
+
+
+def test_verify_streams_the_log_so_its_memory_does_not_grow_with_the_receipts(
+    db: Any, receipt: Callable[..., Receipt], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(audit_table, "BATCH_ROWS", 200)
+    log = log_of(db, checkpoint_every=None)
+    with ThreadPoolExecutor(32) as pool:  # concurrent appends: group-committed, a few dozen commits
+        list(pool.map(lambda _: log.append(receipt()), range(3000)))
+    table = AuditTable(db, key_check="none")
+    tracemalloc.start()
+    try:
+        every_row = [row for rows in table.batches() for row in rows]
+        _, holding_all = tracemalloc.get_traced_memory()
+        del every_row
+        tracemalloc.reset_peak()
+        report = log.verify(checkpoint=False)
+        _, verifying = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.ok and report.receipts == 3000
+    assert verifying < holding_all / 4, f"verify peaked at {verifying} bytes; holding every row takes {holding_all}"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -47,11 +50,11 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
     runner = CliRunner()
     args = ["--warehouse", audited_warehouse.uri]
     verified = runner.invoke(main, ["audit", "verify", *args])
-    assert verified.exit_code == 0 and "3 receipts, intact" in verified.stdout
-    head = verified.stdout.split("head ")[-1].strip()
+    assert verified.exit_code == 0 and "3 receipts in 1 chain, intact" in verified.stdout
+    head = verified.stdout.split("checkpoint ")[-1].strip()
     assert runner.invoke(main, ["audit", "verify", "--expect-head", head, *args]).exit_code == 0
     bad = runner.invoke(main, ["audit", "verify", "--expect-head", "3:nothex", *args])
-    assert bad.exit_code == 2 and "SEQ:HASH" in bad.output
+    assert bad.exit_code == 2 and "not a checkpoint root" in bad.output
     found = runner.invoke(main, ["audit", "query", "--label", "finance", *args])
     assert [json.loads(line)["subject"] for line in found.stdout.splitlines()] == ["user:alice"]
     raw_table(audited_warehouse.store, "audit").update(where="seq = 2", values={"subject": "user:mallory"})
@@ -59,7 +62,7 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
     assert tampered.exit_code == 1 and "seq 2" in tampered.stderr
     raw_table(audited_warehouse.store, "audit").delete("seq = 3")
     dropped = runner.invoke(main, ["audit", "verify", "--expect-head", head, *args])
-    assert dropped.exit_code == 1 and "the recorded head is gone" in dropped.stderr
+    assert dropped.exit_code == 1 and "seq 3: the head checkpoint" in dropped.stderr and "recorded is gone" in dropped.stderr
 
 
 def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):
@@ -74,3 +77,18 @@ def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):
     assert len(returned) == 2 and summary.chunk_id in returned[-1]["returned"]
     result = CliRunner().invoke(main, ["lineage", "doc-1", "--warehouse", wh.uri])
     assert json.loads(result.stdout)["derived"][0]["chunk_id"] == summary.chunk_id
+
+
+def test_audit_verify_on_the_command_line_never_loads_the_model(audited_warehouse):
+    """Even with the PyTorch backend configured, verifying imports neither torch nor a runtime."""
+    probe = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from ragwarden.api.cli import main\n"
+        f"result = CliRunner().invoke(main, ['audit', 'verify', '--warehouse', {audited_warehouse.uri!r}])\n"
+        "loaded = sorted(m for m in ('torch', 'sentence_transformers', 'transformers', 'onnxruntime') if m in sys.modules)\n"
+        "print(result.exit_code, loaded)\n"
+    )
+    env = {**os.environ, "RAGWARDEN_EMBED_BACKEND": "torch", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split("\n")[0] == "0 []", done.stdout + done.stderr

@@ -2,8 +2,8 @@
 with its tags or absent, no chunk id is duplicated, nothing untagged is visible, and running the
 same ingest again completes the job.
 
-The killed process loads the model before it says it is ready, so every kill falls within the
-ingest itself (reading, embedding, committing), never in the model's start-up."""
+The killed process loads the model and its tokenizer before it says it is ready, so every kill
+falls within the ingest itself (reading, embedding, committing), never in the model's start-up."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ KILLED_INGEST = textwrap.dedent("""
     batch = int(sys.argv[3])
     warehouse = Warehouse(Settings(warehouse=sys.argv[1], write_batch_docs=batch, embed_window_docs=batch))
     warehouse.embedder.encode(["load the model before the clock starts"])
+    warehouse.embedder.tokenizer  # and the tokenizer chunking cuts windows with
     print("ready", flush=True)
     warehouse.ingest(sys.argv[2])
     print("done", flush=True)
