@@ -85,8 +85,10 @@ class Cell:
 def _warehouse(corpus: str, folder: Path, data: Path) -> Warehouse:
     """The corpus's warehouse in ``folder``, built unless a complete one is there already."""
     built = folder / ".built"
-    if built.exists():
-        return Warehouse(Settings(warehouse=str(folder), data_dir=data))
+    if built.exists():  # as a fresh build leaves it: compacted, old audit versions pruned
+        warehouse = Warehouse(Settings(warehouse=str(folder), data_dir=data))
+        warehouse.store.optimize()
+        return warehouse
     if corpus == "world100k":
         world.write_warehouse(world.generate(WORLD_ROWS), folder).optimize()
         built.touch()
@@ -120,6 +122,7 @@ class _Ingest:
         self._warehouse, self._records = warehouse, records
         self._stop = threading.Event()
         self.documents = 0
+        self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="bench-ingest", daemon=True)
 
     def __enter__(self) -> _Ingest:
@@ -131,6 +134,8 @@ class _Ingest:
         self._stop.set()
         self._thread.join()
         self.seconds = time.perf_counter() - self._began
+        if self.failure is not None:
+            raise RuntimeError(f"the ingest beside the load failed: {self.failure}") from self.failure
 
     def _run(self) -> None:
         n = 0
@@ -141,15 +146,19 @@ class _Ingest:
                 batch.append({**record, "id": f"ingest-{n}-{record['id']}", "acl": {"allow": ["group:ingest-only"]},
                               "labels": [], "classification": "public"})  # fmt: skip
             n += 8 - len(batch)
-            report = self._warehouse.ingest_records(batch)
-            self.documents += report.ingested
+            try:
+                report = self._warehouse.ingest_records(batch)
+            except BaseException as exc:  # the cell must not pass as one with an ingest beside it
+                self.failure = exc
+                return
+            self.documents += len(report.written_documents)
 
 
-def _serve(warehouse: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _serve(warehouse: str, port: int, log: Path, workers: int = 1) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAGWARDEN_JWT_SECRET": SECRET, "RAGWARDEN_JWT_ISSUER": ISSUER,
            "RAGWARDEN_JWT_AUDIENCE": AUDIENCE, "RAGWARDEN_POLICY": ""}  # fmt: skip
     command = [str(Path(sys.executable).parent / "ragwarden"), "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--warehouse", warehouse]  # fmt: skip
+               "--warehouse", warehouse, "--workers", str(workers)]  # fmt: skip
     with log.open("wb") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
@@ -254,7 +263,7 @@ def _audit_size(folder: Path) -> int:
 
 def run(
     corpus: str, clients: list[int], seconds: float, replicas: int, workdir: Path, data: Path, *,
-    ingest: bool = False, keep: Path | None = None,
+    ingest: bool = False, keep: Path | None = None, workers: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
     if ingest and corpus == "world100k":
         raise SystemExit("--ingest needs a corpus of documents (demo or scifact); the world's rows are synthetic")
@@ -262,7 +271,7 @@ def run(
     warehouse = _warehouse(corpus, folder, data)
     records = _corpus_records(corpus, data) if ingest else []
     ports = [_free_port() for _ in range(replicas)]
-    processes = [_serve(str(folder), port, workdir / f"replica-{port}.log") for port in ports]
+    processes = [_serve(str(folder), port, workdir / f"replica-{port}.log", workers) for port in ports]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     cells: list[Cell] = []
     try:
@@ -286,9 +295,11 @@ def run(
     receipts = warehouse.audit.count()
     size_before, kept_before = _audit_size(folder), _versions_kept(folder)
     warehouse.store.optimize()
+    live = warehouse.store.audit_table("").data_bytes()
     return {"cells": [asdict(cell) for cell in cells], "receipts": receipts, "ingest": ingest,
             "audit_bytes_per_receipt": {"before_optimize": size_before / max(1, receipts),
-                                        "after_optimize": _audit_size(folder) / max(1, receipts)},
+                                        "after_optimize": _audit_size(folder) / max(1, receipts),
+                                        "latest_version": live / max(1, receipts)},
             "audit_versions_kept": {"before_optimize": kept_before, "after_optimize": _versions_kept(folder)}}  # fmt: skip
 
 
@@ -326,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,4,16,64")
     parser.add_argument("--seconds", type=float, default=10.0, help="per cell")
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="processes per replica (serve --workers)")
     parser.add_argument("--ingest", action="store_true", help="keep an ingest running throughout")
     parser.add_argument("--keep", type=Path, help="build the warehouse in this folder once, and reuse it")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -333,10 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ragwarden-serve-") as workdir:
         result = run(args.corpus, [int(c) for c in args.clients.split(",")], args.seconds, args.replicas,
-                     Path(workdir), args.data, ingest=args.ingest, keep=args.keep)  # fmt: skip
+                     Path(workdir), args.data, ingest=args.ingest, keep=args.keep, workers=args.workers)  # fmt: skip
     result["machine"] = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"serve-{args.corpus}-x{args.replicas}{'-ingest' if args.ingest else ''}.json"
+    result["workers"] = args.workers
+    suffix = f"{f'-w{args.workers}' if args.workers > 1 else ''}{'-ingest' if args.ingest else ''}"
+    target = args.out / f"serve-{args.corpus}-x{args.replicas}{suffix}.json"
     target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"audit bytes per receipt: {result['audit_bytes_per_receipt']}; written to {target}")
     return 0

@@ -45,6 +45,7 @@ import os
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -84,6 +85,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MAX_INT32 = 2**31 - 1
 COMPACT_EVERY = 200
 CHECKPOINT_EVERY = 1000
+PRUNE_EVERY_S = 10.0
+"""How often a writer's compactions also drop old versions: pruning reads every version's manifest."""
 LEGACY_CHAIN = ""
 """The chain id of receipts written before per-writer chains (stored as null)."""
 
@@ -101,7 +104,7 @@ class ReceiptTable(Protocol):
     def rows(self, where: str | None = None) -> list[dict[str, Any]]: ...
     def add_checkpoint(self, row: Mapping[str, Any]) -> None: ...
     def checkpoints(self) -> list[dict[str, Any]]: ...
-    def compact(self) -> int: ...
+    def compact(self, *, prune: bool = True) -> int: ...
 
 
 def fingerprint(query: str) -> str:
@@ -407,6 +410,7 @@ class AuditLog:
         self._writer: _Writer | None = None
         self._written = 0  # receipts this process committed (for its maintenance rhythm)
         self._maintaining = threading.Lock()
+        self._pruned_at = float("-inf")
         self._appender: GroupCommit[Receipt, StoredReceipt] = GroupCommit(self._commit, name="audit-appender")
 
     def _key_problem(self) -> str | None:
@@ -434,6 +438,14 @@ class AuditLog:
     def compact(self) -> None:
         """Merge the receipts' small data files and drop old versions; rows are unchanged."""
         self._table.compact()
+        self._pruned_at = time.monotonic()
+
+    def _compact_as_writer(self) -> None:
+        """A writer's compaction: merge every time, drop old versions at most every ``PRUNE_EVERY_S``."""
+        if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
+            self.compact()
+        else:
+            self._table.compact(prune=False)
 
     def _in_background(self, what: str, step: Callable[[], object]) -> None:
         """Run ``step`` on a thread of its own (one at a time), so no caller waits for it and
@@ -523,7 +535,7 @@ class AuditLog:
         self._table.append(rows)
         self._writer = _Writer(pid=writer.pid, chain=writer.chain, seq=rows[-1]["seq"], hash=rows[-1]["hash"])
         before, self._written = self._written, self._written + len(rows)
-        for every, what, step in ((self._compact_every, "compaction", self.compact),
+        for every, what, step in ((self._compact_every, "compaction", self._compact_as_writer),
                                   (self._checkpoint_every, "checkpoint", self.checkpoint)):  # fmt: skip
             if every and before // every != self._written // every:
                 self._in_background(what, step)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -113,6 +114,8 @@ class VisibleRowCache:
         self._items: OrderedDict[Hashable, Held] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._loading: dict[Hashable, Future[Any]] = {}
+        self.loads = 0  # sets read (for monitoring: a commit under load should cost one read, not one per request)
 
     def fits(self, rows: int, dimension: int) -> bool:
         return self.holds(rows * (4 * dimension + ROW_OVERHEAD_BYTES))
@@ -122,21 +125,40 @@ class VisibleRowCache:
         return nbytes <= self.max_bytes // 4
 
     def get(self, key: Hashable, load: Callable[[], HeldT | None]) -> HeldT | None:
-        """The held set for ``key``, else ``load()``'s (kept unless it is None or too large)."""
+        """The held set for ``key``, else ``load()``'s (kept unless it is None or too large).
+        Concurrent misses of one key share one load: after a commit, the searches that arrive
+        together read the new version's rows once, not once each."""
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
                 return cast(HeldT, self._items[key])
-        value = load()
-        if value is None or not self.holds(value.nbytes):
-            return value
+            pending = self._loading.get(key)
+            leader = pending is None
+            if leader:
+                pending = self._loading[key] = Future()
+        assert pending is not None
+        if not leader:
+            try:
+                return cast("HeldT | None", pending.result())
+            except BaseException:  # the other load's failure is not this search's: try itself
+                return self.get(key, load)
+        try:
+            self.loads += 1
+            value = load()
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[key]
+            pending.set_exception(exc)
+            raise
         with self._lock:
-            if key not in self._items:
+            del self._loading[key]
+            if value is not None and self.holds(value.nbytes) and key not in self._items:
                 self._items[key] = value
                 self._bytes += value.nbytes
             while self._bytes > self.max_bytes and self._items:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= evicted.nbytes
+        pending.set_result(value)
         return value
 
     @property

@@ -9,7 +9,10 @@ per-writer chains gains the ``chain`` column in place (null: its rows form the o
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +29,12 @@ BATCH_ROWS = 4096
 """Rows per batch when a whole log is streamed (verifying, finding heads): memory stays bounded."""
 
 LINK_COLUMNS = ("chain", "seq", "hash", "prev_hash")
+
+VERSIONS_KEPT = timedelta(seconds=30)
+"""How long an old version of the receipts is kept. Every commit must find the latest version among
+those kept (measured: 5.6 ms an append with 500 versions, 10.3 ms with 3,000), and busy replicas
+commit many times a second, so the log keeps far fewer than the other tables; a read that may take
+longer (verifying, finding the heads) pins its version with a tag instead (``_pinned``)."""
 
 
 @names_storage_failures
@@ -72,6 +81,12 @@ class AuditTable:
             tables[AUDIT_CHECKPOINTS] = self._checkpoints
         return damaged_files(local_path(self.uri), tables)
 
+    def data_bytes(self) -> int:
+        """Bytes of the data files the latest version of the receipts names: what the log holds
+        once older versions are pruned."""
+        return sum(int(data.file_size_bytes or 0) for fragment in self._table.to_lance().get_fragments()
+                   for data in fragment.data_files())  # fmt: skip
+
     def recorded_key_check(self) -> str | None:
         """The key check the table was created with (None: a table older than key checks)."""
         value = (self._table.schema.metadata or {}).get(KEY_CHECK)
@@ -89,21 +104,32 @@ class AuditTable:
         writer's append or with a compaction."""
         self._table.add(pa.Table.from_pylist([dict(row) for row in rows], schema=AUDIT_SCHEMA))
 
+    @contextmanager
+    def _pinned(self) -> Iterator[Any]:
+        """The latest version of the receipts, tagged while it is read so no prune removes it."""
+        dataset = self._table.to_lance()
+        tag = f"reading-{uuid.uuid4().hex}"
+        dataset.tags.create(tag, dataset.version)
+        try:
+            yield dataset
+        finally:
+            dataset.tags.delete(tag)
+
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
         """Every row of one version, in storage order, ``BATCH_ROWS`` at a time."""
-        dataset = self._table.to_lance()
-        for batch in dataset.to_batches(columns=list(columns) if columns else None, batch_size=BATCH_ROWS):
-            yield batch.to_pylist()
+        with self._pinned() as dataset:
+            for batch in dataset.to_batches(columns=list(columns) if columns else None, batch_size=BATCH_ROWS):
+                yield batch.to_pylist()
 
     def links(self, chain: str | None) -> list[dict[str, Any]]:
         """``LINK_COLUMNS`` of one chain's rows (None: the legacy chain), lowest ``seq`` first; read
         to say exactly what is wrong with a chain once a streamed check has found it broken."""
         found: list[pa.Table] = []
-        dataset = self._table.to_lance()
-        for batch in dataset.to_batches(columns=list(LINK_COLUMNS), batch_size=BATCH_ROWS):
+        for rows in self.batches(LINK_COLUMNS):
+            batch = pa.Table.from_pylist(rows, schema=pa.schema([AUDIT_SCHEMA.field(name) for name in LINK_COLUMNS]))
             column = batch.column("chain")
             mask = pc.is_null(column) if chain is None else pc.fill_null(pc.equal(column, chain), False)
-            found.append(pa.Table.from_batches([batch.filter(mask)]))
+            found.append(batch.filter(mask))
         if not found:
             return []
         return pa.concat_tables(found).sort_by([("seq", "ascending")]).to_pylist()
@@ -135,10 +161,10 @@ class AuditTable:
             return []
         return self._checkpoint_table().to_arrow().sort_by([("time", "ascending")]).to_pylist()
 
-    def compact(self) -> int:
-        """Merge both tables' small data files (each commit leaves one) and drop their old versions
-        (``tables.VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
-        dropped = compact_and_prune(self._table)
+    def compact(self, *, prune: bool = True) -> int:
+        """Merge both tables' small data files (each commit leaves one) and, with ``prune``, drop
+        their old versions (``tables.VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
+        dropped = compact_and_prune(self._table, prune=prune, older_than=VERSIONS_KEPT)
         if self._checkpoints is not None or AUDIT_CHECKPOINTS in self._db.list_tables().tables:
-            dropped += compact_and_prune(self._checkpoint_table())
+            dropped += compact_and_prune(self._checkpoint_table(), prune=prune, older_than=VERSIONS_KEPT)
         return dropped

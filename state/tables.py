@@ -150,12 +150,17 @@ VERSIONS_KEPT = timedelta(minutes=5)
 for any read begun on it."""
 
 
-def compact_and_prune(table: Any) -> int:
-    """Merge an append-only table's small data files and drop its versions older than
-    ``VERSIONS_KEPT`` (each commit leaves one); rows are unchanged. Returns the versions dropped."""
+def compact_and_prune(table: Any, *, prune: bool = True, older_than: timedelta = VERSIONS_KEPT) -> int:
+    """Merge an append-only table's small data files and, with ``prune``, drop its untagged
+    versions older than ``older_than`` (each commit leaves one; pruning reads every version's
+    manifest, so busy writers do it less often than they compact); rows are unchanged. Returns
+    the versions dropped."""
     table.to_lance().optimize.compact_files()
     table.checkout_latest()
-    return int(table.to_lance().cleanup_old_versions(older_than=VERSIONS_KEPT).old_versions)
+    if not prune:
+        return 0
+    cleaned = table.to_lance().cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False)
+    return int(cleaned.old_versions)
 
 
 def damaged_files(root: Path | None, tables: Mapping[str, Any]) -> list[str]:

@@ -11,13 +11,14 @@ from ragwarden.bench.serve import run
 
 
 @pytest.mark.slow  # starts a server process (model load): about twenty seconds
-def test_a_small_service_benchmark_answers_every_search_with_no_leak(tmp_path: Path) -> None:
-    result = run("demo", [2], 1.0, 1, tmp_path, tmp_path / "no-data")
+def test_a_small_service_benchmark_answers_every_search_with_no_leak_while_an_ingest_runs(tmp_path: Path) -> None:
+    result = run("demo", [2], 1.0, 1, tmp_path, tmp_path / "no-data", ingest=True)
     cells = {cell["caller"]: cell for cell in result["cells"]}
     assert set(cells) == {"broad", "selective"}
     for cell in cells.values():
         assert cell["searches"] > 0 and cell["errors"] == 0 and cell["leaks"] == 0
-        assert cell["p50_ms"] > 0 and cell["app_ms"] > 0
+        assert cell["p50_ms"] > 0 and cell["app_ms"] > 0 and cell["stages_ms"]["receipt"] > 0
+        assert cell["ingested_docs_per_s"] > 0, "the ingest beside the load wrote nothing"
     assert 0 < cells["selective"]["readable"] < cells["broad"]["readable"], "the oracle tells the callers apart"
     assert result["receipts"] >= sum(cell["searches"] for cell in cells.values())
-    assert result["audit_bytes_per_receipt"]["after_optimize"] > 0
+    assert result["audit_bytes_per_receipt"]["after_optimize"] >= result["audit_bytes_per_receipt"]["latest_version"] > 0

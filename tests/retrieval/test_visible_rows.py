@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -81,3 +84,43 @@ def test_a_set_over_a_quarter_of_the_budget_is_returned_but_not_held():
     cache = VisibleRowCache(max_bytes=big.nbytes * 3)
     assert cache.get(("big", 1), lambda: big) is big
     assert len(cache) == 0 and not cache.fits(1000, 4)
+
+
+def test_searches_that_miss_one_set_together_read_it_once():
+    """After a commit, the searches arriving together share one read of the new version's rows."""
+    cache = VisibleRowCache(max_bytes=10**9)
+    reading = threading.Event()
+    release = threading.Event()
+
+    def slow_load() -> VisibleRows:
+        reading.set()
+        release.wait(10)
+        return _rows(100)
+
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(cache.get, ("new", 2), slow_load)
+        assert reading.wait(10)
+        others = [pool.submit(cache.get, ("new", 2), slow_load) for _ in range(7)]
+        release.set()
+        held = first.result(10)
+        assert all(other.result(10) is held for other in others)
+    assert cache.loads == 1
+
+
+def test_a_failed_shared_read_is_tried_again_by_the_searches_that_waited_for_it():
+    cache = VisibleRowCache(max_bytes=10**9)
+    reading, release = threading.Event(), threading.Event()
+
+    def failing() -> VisibleRows:
+        reading.set()
+        release.wait(10)
+        raise OSError("connection reset")
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(cache.get, ("k", 1), failing)
+        assert reading.wait(10)
+        second = pool.submit(cache.get, ("k", 1), lambda: _rows(10))
+        release.set()
+        with pytest.raises(OSError, match="connection reset"):
+            first.result(10)
+        assert second.result(10).rows.num_rows == 10

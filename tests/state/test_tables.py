@@ -7,11 +7,13 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import lancedb
 import pytest
 from support.raw_tables import raw_table
 
 from ragwarden.errors import WarehouseError
-from ragwarden.state import tables
+from ragwarden.governance.audit import AuditLog, Receipt
+from ragwarden.state import audit_table
 from ragwarden.state.schema import AUDIT_SCHEMA
 from ragwarden.warehouse import Warehouse
 
@@ -40,8 +42,8 @@ def test_optimize_prunes_the_old_versions_of_the_audit_log_and_keeps_every_recei
     receipts = audit.count_rows()
     assert len(audit.list_versions()) > 3
     small_warehouse.store.optimize()
-    assert len(raw_table(small_warehouse.store, "audit").list_versions()) > 3  # younger than VERSIONS_KEPT: kept
-    monkeypatch.setattr(tables, "VERSIONS_KEPT", timedelta(0))
+    assert len(raw_table(small_warehouse.store, "audit").list_versions()) > 3  # younger than the log's VERSIONS_KEPT: kept
+    monkeypatch.setattr(audit_table, "VERSIONS_KEPT", timedelta(0))
     small_warehouse.store.optimize()
     audit = raw_table(small_warehouse.store, "audit")
     assert len(audit.list_versions()) == 1 and audit.count_rows() == receipts
@@ -52,3 +54,25 @@ def test_the_audit_schema_holds_exactly_what_the_chain_covers_and_the_hash():
     from ragwarden.governance.audit import _CHAINED
 
     assert sorted({*_CHAINED, "hash"}) == sorted(AUDIT_SCHEMA.names)
+
+
+def test_a_long_read_of_the_audit_log_keeps_its_version_while_writers_compact_and_prune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The log keeps old versions only briefly (every commit lists them); a read that outlasts that,
+    like verify, tags its version so no prune removes the files under it."""
+    monkeypatch.setattr(audit_table, "BATCH_ROWS", 4)
+    monkeypatch.setattr(audit_table, "VERSIONS_KEPT", timedelta(0))
+    db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
+    table = audit_table.AuditTable(db, key_check="none")
+    log = AuditLog(lambda _: table, compact_every=None, checkpoint_every=None)
+    receipt = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")
+    for _ in range(60):  # sixty commits, sixty small files
+        log.append(receipt)
+    reading = table.batches()
+    first = next(reading)
+    log.append(receipt)
+    table.compact()  # meanwhile: one file rewritten from all sixty, every version but the latest pruned
+    assert len(first) + sum(len(rows) for rows in reading) == 60
+    table.compact()  # the read is over: its version goes with the next prune
+    assert len(db.open_table("audit").list_versions()) == 1
