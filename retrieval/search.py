@@ -230,7 +230,8 @@ class Searcher:
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._indexed: tuple[int, bool] = (-1, False)
         # Concurrent searches' queries are embedded together, by one thread: a batch costs little more
-        # than one query, and the backend's threads never contend with another call's.
+        # than one query, and the backend's threads never contend with another call's. A backend
+        # that encodes one text per call anyway (int8) is called from each search's own thread.
         self._queries: GroupCommit[str, np.ndarray] = GroupCommit(
             lambda queries: list(self.embedder.encode(list(queries))), max_batch=QUERY_BATCH, name="query-embedder"
         )
@@ -309,6 +310,8 @@ class Searcher:
 
     def query_vector(self, query: str, vector: Sequence[float] | np.ndarray | None) -> np.ndarray:
         """The given vector, checked, or the query's embedding."""
+        if vector is None and self.embedder.one_text_per_call:  # encoded alone anyway: on this thread, in parallel
+            return self.embedder.encode([query])[0]
         if vector is None:
             return self._queries.submit(query)
         array = np.asarray(vector, dtype=np.float32)

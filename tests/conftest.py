@@ -29,26 +29,38 @@ from ragwarden.warehouse import Warehouse
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
-def embedder() -> Embedder:
-    """The packaged model, loaded once for the whole run."""
-    return Embedder()
-
-
-@pytest.fixture(scope="session")
-def onnx_worker_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment for the processes tests start: embed with the ONNX export (the same vectors to
-    float rounding), which starts in under a second where the PyTorch model takes about seven.
-    The export is made once, here, into a private folder."""
+@pytest.fixture(scope="session", autouse=True)
+def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private folder for the default encoder's export, made once for the run and named in the
+    environment, so this process and every one it starts use it and never the user's cache."""
     folder = tmp_path_factory.mktemp("onnx-export")
-    ensure_export("onnx", folder)
-    return {"RAGWARDEN_EMBED_BACKEND": "onnx", "RAGWARDEN_EMBED_CACHE": str(folder)}
+    ensure_export("onnx-int8", folder)
+    before = os.environ.get("RAGWARDEN_EMBED_CACHE")
+    os.environ["RAGWARDEN_EMBED_CACHE"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("RAGWARDEN_EMBED_CACHE", None)
+    else:
+        os.environ["RAGWARDEN_EMBED_CACHE"] = before
 
 
 @pytest.fixture(scope="session")
-def onnx_embedder(onnx_worker_env: dict[str, str]) -> Embedder:
+def embedder(export_cache: Path) -> Embedder:
+    """The packaged model under the default (int8 ONNX) backend, loaded once for the whole run."""
+    return Embedder(cache_dir=export_cache)
+
+
+@pytest.fixture(scope="session")
+def onnx_worker_env(export_cache: Path) -> dict[str, str]:
+    """Environment for the processes tests start: the default encoder, from the run's export
+    (it starts in under a second where the PyTorch model takes about seven)."""
+    return {"RAGWARDEN_EMBED_BACKEND": "onnx-int8", "RAGWARDEN_EMBED_CACHE": str(export_cache)}
+
+
+@pytest.fixture(scope="session")
+def onnx_embedder(embedder: Embedder) -> Embedder:
     """In this process, the embedder of the processes started with ``onnx_worker_env``."""
-    return Embedder(backend="onnx", cache_dir=Path(onnx_worker_env["RAGWARDEN_EMBED_CACHE"]))
+    return embedder
 
 
 @pytest.fixture

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from support.raw_tables import raw_table
 
+from ragwarden.embedder import Embedder
 from ragwarden.errors import InvalidRequestError
 from ragwarden.governance.caller import Caller
 from ragwarden.governance.compiler import SubjectView
 from ragwarden.policies import policy_file
+from ragwarden.retrieval.search import Searcher
 from ragwarden.warehouse import Warehouse
 
 DEMO_PEOPLE = [("user:alice", "acme"), ("user:bob", "acme"), ("user:carol", "acme"), ("user:dave", "acme"), ("user:erin", "globex")]
@@ -153,26 +157,49 @@ def test_search_is_available_through_open(tmp_path, make_record):
     assert (hit.doc_id, hit.source_uri, hit.classification.label) == ("doc-1", "test://doc-1", "public")
 
 
-def test_concurrent_searches_embed_their_queries_together_and_answer_as_alone(demo_warehouse):
-    import threading
+CONCURRENT_QUERIES = ["quarterly budget", "salary bands", "cafeteria", "acquisition", "litigation hold", "Rotterdam"]
 
-    queries = ["quarterly budget", "salary bands", "cafeteria", "acquisition", "litigation hold", "Rotterdam"]
-    alone = {q: [h.chunk_id for h in demo_warehouse.search(q, subject="user:carol", tenant="acme", k=5)] for q in queries}
-    searcher = demo_warehouse._searcher
-    before = (searcher._queries.batches, searcher._queries.items)
-    start = threading.Barrier(len(queries) * 2)
-    together: dict[str, list[list[str]]] = {q: [] for q in queries}
+
+def _alone_and_together(search: Callable[[str], list[str]]) -> tuple[dict[str, list[str]], dict[str, list[list[str]]]]:
+    """Each query searched alone, then every query twice at once from its own thread."""
+    alone = {q: search(q) for q in CONCURRENT_QUERIES}
+    start = threading.Barrier(len(CONCURRENT_QUERIES) * 2)
+    together: dict[str, list[list[str]]] = {q: [] for q in CONCURRENT_QUERIES}
 
     def run(query: str) -> None:
         start.wait()
-        hits = demo_warehouse.search(query, subject="user:carol", tenant="acme", k=5)
-        together[query].append([h.chunk_id for h in hits])
+        together[query].append(search(query))
 
-    threads = [threading.Thread(target=run, args=(q,)) for q in queries * 2]
+    threads = [threading.Thread(target=run, args=(q,)) for q in CONCURRENT_QUERIES * 2]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return alone, together
+
+
+def test_concurrent_searches_embed_their_queries_together_and_answer_as_alone(demo_warehouse, export_cache):
+    batching = Searcher(demo_warehouse.store, Embedder(backend="onnx", cache_dir=export_cache))  # fp32: batches
+    caller = Caller(subject="user:carol", tenant="acme")
+
+    def search(query: str) -> list[str]:
+        return [h.chunk_id for h in batching.search(query, policy=demo_warehouse.policy, caller=caller, k=5).hits]
+
+    before = (batching._queries.batches, batching._queries.items)
+    alone, together = _alone_and_together(search)
     assert all(answers == [alone[q], alone[q]] for q, answers in together.items())
-    batches, items = searcher._queries.batches - before[0], searcher._queries.items - before[1]
-    assert items == len(queries) * 2 and batches < items, f"{items} queries in {batches} embedding calls"
+    batches, items = batching._queries.batches - before[0], batching._queries.items - before[1]
+    assert items == len(CONCURRENT_QUERIES) * 3 and batches < items, f"{items} queries in {batches} embedding calls"
+
+
+def test_with_the_int8_encoder_each_search_embeds_its_own_query_and_answers_as_alone(demo_warehouse):
+    """int8 encodes one text per call whatever it is given, so searches embed on their own threads."""
+    searcher = demo_warehouse._searcher
+    before = searcher._queries.items
+
+    def search(query: str) -> list[str]:
+        return [h.chunk_id for h in demo_warehouse.search(query, subject="user:carol", tenant="acme", k=5)]
+
+    alone, together = _alone_and_together(search)
+    assert all(answers == [alone[q], alone[q]] for q, answers in together.items())
+    assert searcher._queries.items == before
