@@ -86,6 +86,8 @@ _MAX_INT32 = 2**31 - 1
 COMPACT_EVERY = 200
 CHECKPOINT_EVERY = 1000
 PRUNE_EVERY_S = 10.0
+CHECKPOINT_SLACK = timedelta(minutes=10)
+"""How far before the latest checkpoint a new one looks for receipts (clocks of writers differ)."""
 """How often a writer's compactions also drop old versions: pruning reads every version's manifest."""
 LEGACY_CHAIN = ""
 """The chain id of receipts written before per-writer chains (stored as null)."""
@@ -100,7 +102,7 @@ class ReceiptTable(Protocol):
     def append(self, rows: Sequence[Mapping[str, Any]]) -> None: ...
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]: ...
     def links(self, chain: str | None) -> list[dict[str, Any]]: ...
-    def heads(self) -> dict[str | None, tuple[int, str]]: ...
+    def heads(self, where: str | None = None) -> dict[str | None, tuple[int, str]]: ...
     def rows(self, where: str | None = None) -> list[dict[str, Any]]: ...
     def add_checkpoint(self, row: Mapping[str, Any]) -> None: ...
     def checkpoints(self) -> list[dict[str, Any]]: ...
@@ -478,8 +480,21 @@ class AuditLog:
         return True
 
     def checkpoint(self) -> Checkpoint:
-        """Bind every chain's current head into one root, store it and return it."""
-        heads = {chain or LEGACY_CHAIN: head for chain, head in self._table.heads().items()}
+        """Bind every chain's current head into one root, store it and return it. Only receipts
+        written since the latest checkpoint (less ``CHECKPOINT_SLACK``, for clocks that differ)
+        are read, the older heads taken from that checkpoint when it is intact; else every
+        receipt is read. Either way verify confirms each recorded head is still in the log."""
+        stored = self._table.checkpoints()
+        heads: dict[str, tuple[int, str]] = {}
+        where = None
+        latest = self._checkpoint_of(stored[-1]) if stored else None
+        if latest is not None and self._intact(latest):
+            heads = {chain: (seq, digest) for chain, seq, digest in latest.heads}
+            where = f"time >= {_timestamp_literal(latest.time - CHECKPOINT_SLACK, 'since')}"
+        for chain, (seq, digest) in self._table.heads(where).items():
+            key = chain or LEGACY_CHAIN
+            if key not in heads or seq > heads[key][0]:
+                heads[key] = (seq, digest)
         return self._store_checkpoint(heads)
 
     def _store_checkpoint(self, heads: Mapping[str, tuple[int, str]]) -> Checkpoint:
@@ -491,6 +506,11 @@ class AuditLog:
         heads = _canonical_json([list(head) for head in listed])
         self._table.add_checkpoint({"root": root, "time": moment, "receipts": receipts, "heads": heads, "hash": digest})
         return Checkpoint(root=root, time=moment, receipts=receipts, heads=listed, hash=digest)
+
+    def _intact(self, checkpoint: Checkpoint) -> bool:
+        """Whether a checkpoint's root and hash still match its heads."""
+        payload = _checkpoint_payload(checkpoint.root, checkpoint.time, checkpoint.receipts, checkpoint.heads)
+        return merkle_root(checkpoint.heads) == checkpoint.root and self._digest(payload) == checkpoint.hash
 
     def checkpoints(self) -> list[Checkpoint]:
         """Every stored checkpoint, oldest first."""
@@ -617,9 +637,7 @@ class AuditLog:
         for row in chosen:
             found = self._checkpoint_of(row)
             name = f"checkpoint {found.root[:16]}"
-            if merkle_root(found.heads) != found.root or self._digest(
-                _checkpoint_payload(found.root, found.time, found.receipts, found.heads)
-            ) != found.hash:
+            if not self._intact(found):
                 problems.append(f"{name}: does not match its heads (the checkpoint was edited)")
             anchors.append((name, found.heads))
         return anchors

@@ -117,9 +117,12 @@ class AuditTable:
 
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
         """Every row of one version, in storage order, ``BATCH_ROWS`` at a time."""
+        for batch in self._arrow_batches(columns):
+            yield batch.to_pylist()
+
+    def _arrow_batches(self, columns: Sequence[str] | None, where: str | None = None) -> Iterator[pa.RecordBatch]:
         with self._pinned() as dataset:
-            for batch in dataset.to_batches(columns=list(columns) if columns else None, batch_size=BATCH_ROWS):
-                yield batch.to_pylist()
+            yield from dataset.to_batches(columns=list(columns) if columns else None, filter=where, batch_size=BATCH_ROWS)
 
     def links(self, chain: str | None) -> list[dict[str, Any]]:
         """``LINK_COLUMNS`` of one chain's rows (None: the legacy chain), lowest ``seq`` first; read
@@ -134,14 +137,20 @@ class AuditTable:
             return []
         return pa.concat_tables(found).sort_by([("seq", "ascending")]).to_pylist()
 
-    def heads(self) -> dict[str | None, tuple[int, str]]:
-        """Each chain's highest ``seq`` and its hash (None: the legacy chain), streamed."""
+    def heads(self, where: str | None = None) -> dict[str | None, tuple[int, str]]:
+        """Each chain's highest ``seq`` and its hash (None: the legacy chain) among the rows
+        ``where`` admits (every row for None), streamed and computed per batch in Arrow."""
         heads: dict[str | None, tuple[int, str]] = {}
-        for rows in self.batches(("chain", "seq", "hash")):
-            for row in rows:
-                held = heads.get(row["chain"])
-                if held is None or row["seq"] > held[0]:
-                    heads[row["chain"]] = (row["seq"], row["hash"])
+        for batch in self._arrow_batches(("chain", "seq", "hash"), where):
+            table = pa.Table.from_batches([batch])
+            table = table.set_column(0, "chain", pc.fill_null(table.column("chain"), ""))
+            top = table.group_by("chain", use_threads=False).aggregate([("seq", "max")])
+            found = table.join(top, keys=["chain"], use_threads=False)
+            found = found.filter(pc.equal(found.column("seq"), found.column("seq_max")))
+            for chain, seq, digest in zip(*(found.column(name).to_pylist() for name in ("chain", "seq", "hash")), strict=True):
+                key = chain or None
+                if key not in heads or seq > heads[key][0]:
+                    heads[key] = (seq, digest)
         return heads
 
     def rows(self, where: str | None = None) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pytest
 
 from ragwarden.errors import ConfigurationError, InvalidRequestError, WarehouseError
+from ragwarden.governance import audit as audit_module
 from ragwarden.governance.audit import (
     GENESIS_HASH,
     AuditLog,
@@ -627,3 +628,21 @@ def test_verify_streams_the_log_so_its_memory_does_not_grow_with_the_receipts(
         tracemalloc.stop()
     assert report.ok and report.receipts == 3000
     assert verifying < holding_all / 4, f"verify peaked at {verifying} bytes; holding every row takes {holding_all}"
+
+
+def test_a_checkpoint_reads_only_recent_receipts_yet_binds_every_chain(
+    db: Any, receipt: Callable[..., Receipt], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = log_of(db), log_of(db)
+    quiet = second.append(receipt())  # a chain nobody writes to after the first checkpoint
+    first.append(receipt())
+    first.checkpoint()
+    latest = first.append(receipt())
+    monkeypatch.setattr(audit_module, "CHECKPOINT_SLACK", timedelta(0))
+    asked: list[str | None] = []
+    heads_of = AuditTable.heads
+    monkeypatch.setattr(AuditTable, "heads", lambda self, where=None: asked.append(where) or heads_of(self, where))
+    taken = first.checkpoint()
+    assert asked and asked[-1] is not None and asked[-1].startswith("time >= TIMESTAMP")
+    assert set(taken.heads) == {(quiet.chain, 1, quiet.hash), (latest.chain, 2, latest.hash)}
+    assert taken.root == log_of(db).verify().checkpoint.root  # the same heads a full read finds
