@@ -150,12 +150,19 @@ VERSIONS_KEPT = timedelta(minutes=5)
 for any read begun on it."""
 
 
+FRAGMENT_ROWS = 10_000
+"""Rows an append-only table's compaction gathers into one file. A file that holds this many is
+left as it is: merging into one ever-growing file rewrote the whole audit log at each compaction
+(measured: 94 copies of a 124,000-receipt log, 17 MB each, kept by recent versions and failed
+compactions)."""
+
+
 def compact_and_prune(table: Any, *, prune: bool = True, older_than: timedelta = VERSIONS_KEPT) -> int:
-    """Merge an append-only table's small data files and, with ``prune``, drop its untagged
-    versions older than ``older_than`` (each commit leaves one; pruning reads every version's
-    manifest, so busy writers do it less often than they compact); rows are unchanged. Returns
-    the versions dropped."""
-    table.to_lance().optimize.compact_files()
+    """Merge an append-only table's small data files (into files of ``FRAGMENT_ROWS``) and, with
+    ``prune``, drop its untagged versions older than ``older_than`` (each commit leaves one;
+    pruning reads every version's manifest, so busy writers do it less often than they compact);
+    rows are unchanged. Returns the versions dropped."""
+    table.to_lance().optimize.compact_files(target_rows_per_fragment=FRAGMENT_ROWS)
     table.checkout_latest()
     if not prune:
         return 0

@@ -13,7 +13,7 @@ from support.raw_tables import raw_table
 
 from ragwarden.errors import WarehouseError
 from ragwarden.governance.audit import AuditLog, Receipt
-from ragwarden.state import audit_table
+from ragwarden.state import audit_table, tables
 from ragwarden.state.schema import AUDIT_SCHEMA
 from ragwarden.warehouse import Warehouse
 
@@ -76,3 +76,27 @@ def test_a_long_read_of_the_audit_log_keeps_its_version_while_writers_compact_an
     assert len(first) + sum(len(rows) for rows in reading) == 60
     table.compact()  # the read is over: its version goes with the next prune
     assert len(db.open_table("audit").list_versions()) == 1
+
+
+def test_compaction_leaves_a_full_file_alone_so_the_log_is_never_rewritten_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(tables, "FRAGMENT_ROWS", 4)
+    db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
+    table = audit_table.AuditTable(db, key_check="none")
+    log = AuditLog(lambda _: table, compact_every=None, checkpoint_every=None)
+    receipt = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")
+
+    def files() -> dict[str, int]:
+        fragments = db.open_table("audit").to_lance().get_fragments()
+        return {data.path: fragment.count_rows() for fragment in fragments for data in fragment.data_files()}
+
+    for _ in range(4):
+        log.append(receipt)
+    table.compact()
+    (full,) = files()
+    for _ in range(4):
+        log.append(receipt)
+    table.compact()
+    assert full in files() and sorted(files().values()) == [4, 4]  # the full file kept, the new four merged
+    assert log.verify().ok
