@@ -132,6 +132,7 @@ class Store:
         for table, key in ((self._chunks, "chunk_id"), (self._policies, "seq")):
             declare_primary_key(table, key)
         self._versions = SingleFlight(self._read_versions)
+        self._registries_seen: tuple[int, int, int] | None = None  # (chunks, clauses, labels) versions
         self._version_pool: tuple[int, ThreadPoolExecutor] | None = None
         self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
         self._label_cache: tuple[int, frozenset[str]] = (-1, frozenset())
@@ -211,8 +212,17 @@ class Store:
     def _read_versions(self) -> Versions:
         others = (self._policies, self._clauses, self._labels)
         if self.local_path is not None:  # a local read is CPU, not waiting: threads would not help
-            policies, clauses, labels = (int(table.version) for table in others)
-            return Versions(chunks=int(self._chunks.version), policies=policies, clauses=clauses, labels=labels)
+            chunks, policies = int(self._chunks.version), int(self._policies.version)
+            # Registries matter only for rows that carry a new clause or label, and a writer registers
+            # those before it commits the rows: while ``chunks`` has not moved, the registries read at
+            # its version serve (read after ``chunks``, they include every registration before it).
+            seen = self._registries_seen
+            if seen is not None and seen[0] == chunks:
+                clauses, labels = seen[1], seen[2]
+            else:
+                clauses, labels = int(self._clauses.version), int(self._labels.version)
+                self._registries_seen = (chunks, clauses, labels)
+            return Versions(chunks=chunks, policies=policies, clauses=clauses, labels=labels)
         if self._version_pool is None or self._version_pool[0] != os.getpid():  # a forked child needs its own threads
             self._version_pool = (os.getpid(), ThreadPoolExecutor(max_workers=len(others), thread_name_prefix="versions"))
         pending = [self._version_pool[1].submit(lambda table=table: int(table.version)) for table in others]

@@ -71,3 +71,18 @@ def test_inside_one_pin_every_version_is_the_checks_and_after_it_the_latest(smal
         assert store.chunks_version == pinned.chunks
         assert store.latest_chunks_version() > pinned.chunks
     assert store.chunks_version > pinned.chunks and "added-meanwhile" in store.label_registry()
+
+
+def test_a_registration_reaches_the_check_with_the_rows_that_need_it(small_warehouse: Warehouse, make_record) -> None:
+    """A writer registers a new label before it commits rows carrying it, so the check re-reads the
+    registries only when ``chunks`` has moved, and then sees every registration before it."""
+    store = small_warehouse.store
+    before = store.versions()
+    raw_table(store, "labels").add([{"label": "registered-alone"}])  # no row carries it: nothing to see
+    assert store.versions().labels == before.labels
+    report = small_warehouse.ingest_records([make_record(id="doc-new", labels=["brand-new-label"])])
+    assert report.ok
+    after = store.versions()
+    assert after.chunks > before.chunks and after.labels > before.labels
+    with store.pinned():
+        assert {"brand-new-label", "registered-alone"} <= store.label_registry()
