@@ -21,4 +21,5 @@ def test_a_small_service_benchmark_answers_every_search_with_no_leak_while_an_in
         assert cell["ingested_docs_per_s"] > 0, "the ingest beside the load wrote nothing"
     assert 0 < cells["selective"]["readable"] < cells["broad"]["readable"], "the oracle tells the callers apart"
     assert result["receipts"] >= sum(cell["searches"] for cell in cells.values())
+    assert result["audit_verified"]["ok"] and result["audit_verified"]["chains"] >= 2  # the replica's and the ingest's
     assert result["audit_bytes_per_receipt"]["after_optimize"] >= result["audit_bytes_per_receipt"]["latest_version"] > 0

@@ -646,3 +646,13 @@ def test_a_checkpoint_reads_only_recent_receipts_yet_binds_every_chain(
     assert asked and asked[-1] is not None and asked[-1].startswith("time >= TIMESTAMP")
     assert set(taken.heads) == {(quiet.chain, 1, quiet.hash), (latest.chain, 2, latest.hash)}
     assert taken.root == log_of(db).verify().checkpoint.root  # the same heads a full read finds
+
+
+def test_a_writer_takes_a_checkpoint_every_so_many_of_its_receipts(db: Any, receipt: Callable[..., Receipt]) -> None:
+    log = log_of(db, checkpoint_every=3)
+    stored = [log.append(receipt()) for _ in range(3)]
+    assert log.settled()  # taken in the background, after the third receipt's commit
+    (taken,) = log.checkpoints()
+    assert taken.heads == ((stored[0].chain, 3, stored[2].hash),) and taken.receipts == 3
+    log.append(receipt())
+    assert log.settled() and len(log.checkpoints()) == 1  # the next one after three more
