@@ -6,7 +6,7 @@ identity comes from the credential alone.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -210,8 +210,11 @@ class ExplanationModel(BaseModel):
         return cls.model_validate(explanation.as_dict())
 
 
+ChainId = Annotated[str, Field(description="The writer's chain the receipt belongs to (empty: the legacy chain).")]
+
+
 class LineageReceiptModel(BaseModel):
-    chain: str = Field(description="The writer's chain the receipt belongs to (empty: the legacy chain).")
+    chain: ChainId
     seq: int
     time: str
     operation: str
@@ -225,7 +228,7 @@ class LineageReceiptModel(BaseModel):
 
 
 class LineageTombstoneModel(BaseModel):
-    chain: str = Field(description="The writer's chain the receipt belongs to (empty: the legacy chain).")
+    chain: ChainId
     seq: int
     time: str
     subject: str
@@ -259,7 +262,7 @@ class LineageModel(BaseModel):
 
 
 class ReceiptModel(BaseModel):
-    chain: str = Field(description="The writer's chain the receipt belongs to (empty: the legacy chain).")
+    chain: ChainId
     seq: int
     receipt_id: str
     time: str

@@ -31,8 +31,8 @@ What the chains prove, and what they do not:
   it back as ``expect_head``, so that a checkpoint removed along with the tail is noticed too.
 
 Each commit lands as a small data file, so a writer merges them every ``compact_every`` of its
-receipts and drops versions older than a few minutes (compaction commutes with appends); the
-warehouse's ``optimize`` does the same.
+receipts and, at most every ``PRUNE_EVERY_S``, drops old versions (``state.audit_table.VERSIONS_KEPT``);
+both run beside the appends, which they commute with. The warehouse's ``optimize`` does the same.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ _MAX_INT32 = 2**31 - 1
 COMPACT_EVERY = 200
 CHECKPOINT_EVERY = 1000
 PRUNE_EVERY_S = 10.0
+"""How often a writer's compactions also drop old versions: pruning reads every version's manifest."""
 CHECKPOINT_SLACK = timedelta(minutes=10)
 """How far before the latest checkpoint a new one looks for receipts (clocks of writers differ)."""
-"""How often a writer's compactions also drop old versions: pruning reads every version's manifest."""
 LEGACY_CHAIN = ""
 """The chain id of receipts written before per-writer chains (stored as null)."""
 
@@ -286,6 +286,9 @@ def _columns_of(receipt: Receipt) -> dict[str, Any]:
 def _micros(moment: datetime) -> int:
     return (moment - _EPOCH) // timedelta(microseconds=1)
 
+
+_PLACED = ("chain", "seq", "receipt_id", "time", "prev_hash", "hash")
+"""What the log adds to a receipt when it stores it (``StoredReceipt``)."""
 
 _LEGACY_CHAINED = (*_RECEIPT_FIELDS, "labels", "seq", "receipt_id", "time", "prev_hash")
 _CHAINED = (*_LEGACY_CHAINED, "chain")
@@ -503,8 +506,8 @@ class AuditLog:
         moment = datetime.now(timezone.utc)
         receipts = sum(seq for _, seq, _ in listed)
         digest = self._digest(_checkpoint_payload(root, moment, receipts, listed))
-        heads = _canonical_json([list(head) for head in listed])
-        self._table.add_checkpoint({"root": root, "time": moment, "receipts": receipts, "heads": heads, "hash": digest})
+        stored = _canonical_json([list(head) for head in listed])
+        self._table.add_checkpoint({"root": root, "time": moment, "receipts": receipts, "heads": stored, "hash": digest})
         return Checkpoint(root=root, time=moment, receipts=receipts, heads=listed, hash=digest)
 
     def _intact(self, checkpoint: Checkpoint) -> bool:
@@ -559,9 +562,8 @@ class AuditLog:
                                   (self._checkpoint_every, "checkpoint", self.checkpoint)):  # fmt: skip
             if every and before // every != self._written // every:
                 self._in_background(what, step)
-        placed = ("chain", "seq", "receipt_id", "time", "prev_hash", "hash")
         return [
-            StoredReceipt(**{name: getattr(receipt, name) for name in _RECEIPT_FIELDS}, **{name: row[name] for name in placed})
+            StoredReceipt(**{name: getattr(receipt, name) for name in _RECEIPT_FIELDS}, **{name: row[name] for name in _PLACED})
             for receipt, row in zip(receipts, rows, strict=True)
         ]
 

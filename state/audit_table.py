@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from ..errors import WarehouseError
 from .schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SCHEMA, CHECKPOINT_SCHEMA
-from .tables import compact_and_prune, damaged_files, local_path, names_storage_failures
+from .tables import compact_and_prune, damaged_files, local_path, names_storage_failures, open_table
 
 KEY_CHECK = b"ragwarden.audit.key_check"
 """Schema metadata naming the check value of the HMAC key the log was created with."""
@@ -45,7 +45,7 @@ class AuditTable:
     def __init__(self, db: Any, *, key_check: str) -> None:
         self.uri: str = db.uri
         self._db = db
-        self._table = self._open(db, AUDIT, AUDIT_SCHEMA.with_metadata({KEY_CHECK: key_check.encode()}))
+        self._table = self._open(db, key_check)
         if "chain" not in self._table.schema.names:  # a log from before per-writer chains
             self._table.add_columns(AUDIT_SCHEMA.field("chain"))
         schema = self._table.schema
@@ -57,22 +57,24 @@ class AuditTable:
         self._checkpoints: Any = None  # opened on first use: most processes never touch it
 
     @staticmethod
-    def _open(db: Any, name: str, schema: pa.Schema) -> Any:
+    def _open(db: Any, key_check: str) -> Any:
+        """The receipts' table, created recording ``key_check``; its schema is checked by the caller,
+        after a log from before per-writer chains has gained the ``chain`` column."""
         try:
-            return db.open_table(name)
+            return db.open_table(AUDIT)
         except Exception:
             pass
         try:
-            return db.create_table(name, schema=schema)
+            return db.create_table(AUDIT, schema=AUDIT_SCHEMA.with_metadata({KEY_CHECK: key_check.encode()}))
         except Exception as create_error:
             try:  # another process created it first
-                return db.open_table(name)
+                return db.open_table(AUDIT)
             except Exception:
-                raise WarehouseError(f"the {name} table cannot be opened or created: {create_error}") from create_error
+                raise WarehouseError(f"the audit table cannot be opened or created: {create_error}") from create_error
 
     def _checkpoint_table(self) -> Any:
         if self._checkpoints is None:
-            self._checkpoints = self._open(self._db, AUDIT_CHECKPOINTS, CHECKPOINT_SCHEMA)
+            self._checkpoints = open_table(self._db, AUDIT_CHECKPOINTS, CHECKPOINT_SCHEMA)
         return self._checkpoints
 
     def damaged_files(self) -> list[str]:
@@ -127,15 +129,14 @@ class AuditTable:
     def links(self, chain: str | None) -> list[dict[str, Any]]:
         """``LINK_COLUMNS`` of one chain's rows (None: the legacy chain), lowest ``seq`` first; read
         to say exactly what is wrong with a chain once a streamed check has found it broken."""
-        found: list[pa.Table] = []
-        for rows in self.batches(LINK_COLUMNS):
-            batch = pa.Table.from_pylist(rows, schema=pa.schema([AUDIT_SCHEMA.field(name) for name in LINK_COLUMNS]))
+        found: list[pa.RecordBatch] = []
+        for batch in self._arrow_batches(LINK_COLUMNS):
             column = batch.column("chain")
             mask = pc.is_null(column) if chain is None else pc.fill_null(pc.equal(column, chain), False)
             found.append(batch.filter(mask))
         if not found:
             return []
-        return pa.concat_tables(found).sort_by([("seq", "ascending")]).to_pylist()
+        return pa.Table.from_batches(found).sort_by([("seq", "ascending")]).to_pylist()
 
     def heads(self, where: str | None = None) -> dict[str | None, tuple[int, str]]:
         """Each chain's highest ``seq`` and its hash (None: the legacy chain) among the rows
@@ -172,7 +173,7 @@ class AuditTable:
 
     def compact(self, *, prune: bool = True) -> int:
         """Merge both tables' small data files (each commit leaves one) and, with ``prune``, drop
-        their old versions (``tables.VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
+        their old versions (``VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
         dropped = compact_and_prune(self._table, prune=prune, older_than=VERSIONS_KEPT)
         if self._checkpoints is not None or AUDIT_CHECKPOINTS in self._db.list_tables().tables:
             dropped += compact_and_prune(self._checkpoint_table(), prune=prune, older_than=VERSIONS_KEPT)

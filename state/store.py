@@ -200,8 +200,6 @@ class Store:
                 f"restore {missing[0]}.lance from a backup (it is not recreated empty)"
             )
 
-    # -- ACL clause registry ---------------------------------------------------------------
-
     # -- freshness ---------------------------------------------------------------------------
 
     def versions(self) -> Versions:
@@ -210,7 +208,6 @@ class Store:
         return self._versions.get()
 
     def _read_versions(self) -> Versions:
-        others = (self._policies, self._clauses, self._labels)
         if self.local_path is not None:  # a local read is CPU, not waiting: threads would not help
             chunks, policies = int(self._chunks.version), int(self._policies.version)
             # Registries matter only for rows that carry a new clause or label, and a writer registers
@@ -223,6 +220,7 @@ class Store:
                 clauses, labels = int(self._clauses.version), int(self._labels.version)
                 self._registries_seen = (chunks, clauses, labels)
             return Versions(chunks=chunks, policies=policies, clauses=clauses, labels=labels)
+        others = (self._policies, self._clauses, self._labels)
         if self._version_pool is None or self._version_pool[0] != os.getpid():  # a forked child needs its own threads
             self._version_pool = (os.getpid(), ThreadPoolExecutor(max_workers=len(others), thread_name_prefix="versions"))
         pending = [self._version_pool[1].submit(lambda table=table: int(table.version)) for table in others]

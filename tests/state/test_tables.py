@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import lancedb
 import pytest
@@ -56,17 +57,26 @@ def test_the_audit_schema_holds_exactly_what_the_chain_covers_and_the_hash():
     assert sorted({*_CHAINED, "hash"}) == sorted(AUDIT_SCHEMA.names)
 
 
+RECEIPT = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")
+
+
+@pytest.fixture
+def unmaintained_log(tmp_path: Path) -> tuple[Any, audit_table.AuditTable, AuditLog]:
+    """An empty audit log whose writer never compacts or checkpoints by itself: (connection, table, log)."""
+    db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
+    table = audit_table.AuditTable(db, key_check="none")
+    return db, table, AuditLog(lambda _: table, compact_every=None, checkpoint_every=None)
+
+
 def test_a_long_read_of_the_audit_log_keeps_its_version_while_writers_compact_and_prune(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    unmaintained_log: tuple[Any, audit_table.AuditTable, AuditLog], monkeypatch: pytest.MonkeyPatch
 ):
     """The log keeps old versions only briefly (every commit lists them); a read that outlasts that,
     like verify, tags its version so no prune removes the files under it."""
     monkeypatch.setattr(audit_table, "BATCH_ROWS", 4)
     monkeypatch.setattr(audit_table, "VERSIONS_KEPT", timedelta(0))
-    db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
-    table = audit_table.AuditTable(db, key_check="none")
-    log = AuditLog(lambda _: table, compact_every=None, checkpoint_every=None)
-    receipt = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")
+    db, table, log = unmaintained_log
+    receipt = RECEIPT
     for _ in range(60):  # sixty commits, sixty small files
         log.append(receipt)
     reading = table.batches()
@@ -79,13 +89,11 @@ def test_a_long_read_of_the_audit_log_keeps_its_version_while_writers_compact_an
 
 
 def test_compaction_leaves_a_full_file_alone_so_the_log_is_never_rewritten_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    unmaintained_log: tuple[Any, audit_table.AuditTable, AuditLog], monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(tables, "FRAGMENT_ROWS", 4)
-    db = lancedb.connect(tmp_path, read_consistency_interval=timedelta(0))
-    table = audit_table.AuditTable(db, key_check="none")
-    log = AuditLog(lambda _: table, compact_every=None, checkpoint_every=None)
-    receipt = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")
+    db, table, log = unmaintained_log
+    receipt = RECEIPT
 
     def files() -> dict[str, int]:
         fragments = db.open_table("audit").to_lance().get_fragments()
