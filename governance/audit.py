@@ -11,7 +11,9 @@ chains form one legacy chain (no chain id, hashed without it) and keep verifying
 
 Writers never read each other's rows: within a process one appender commits the receipts of
 concurrent callers together (``appender.GroupCommit``), each caller returning once its receipt is
-durable, and processes append side by side without a race for a shared head. A writer that
+durable, and processes append side by side without a race for a shared head. A group commit is
+one file of the receipts' journal (``state.audit_journal``); a thread of the writer folds its
+files into the table every ``FOLD_AFTER_S`` (or ``FOLD_ROWS``), and at exit. A writer that
 cannot tell whether a commit landed starts a new chain rather than risk a fork.
 
 Checkpoints bind every chain's head at one moment into one hash, a Merkle tree root over the
@@ -30,13 +32,14 @@ What the chains prove, and what they do not:
   log; record a checkpoint's root somewhere else (a ticket, a log shipper, another store) and pass
   it back as ``expect_head``, so that a checkpoint removed along with the tail is noticed too.
 
-Each commit lands as a small data file, so a writer merges them every ``compact_every`` of its
+Each table commit lands as a small data file, so a writer merges them every ``compact_every`` of its
 receipts and, at most every ``PRUNE_EVERY_S``, drops old versions (``state.audit_table.VERSIONS_KEPT``);
 both run beside the appends, which they commute with. The warehouse's ``optimize`` does the same.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import json
@@ -47,6 +50,7 @@ import secrets
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
@@ -83,8 +87,14 @@ _CHECKPOINT_DOMAIN = b"ragwarden.audit.checkpoint.v1\n"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MAX_INT32 = 2**31 - 1
-COMPACT_EVERY = 200
+COMPACT_EVERY = 1000
 CHECKPOINT_EVERY = 1000
+FOLD_ROWS = 1000
+"""A writer folds its journal into the table once this many of its receipts wait there..."""
+FOLD_AFTER_S = 1.0
+"""...or once the oldest has waited this long: one table commit a second for a busy writer."""
+ORPHAN_SWEEP_S = 60.0
+"""How often a writer's fold also takes the journal files that writers which stopped left."""
 PRUNE_EVERY_S = 10.0
 """How often a writer's compactions also drop old versions: pruning reads every version's manifest."""
 CHECKPOINT_SLACK = timedelta(minutes=10)
@@ -107,6 +117,9 @@ class ReceiptTable(Protocol):
     def add_checkpoint(self, row: Mapping[str, Any]) -> None: ...
     def checkpoints(self) -> list[dict[str, Any]]: ...
     def compact(self, *, prune: bool = True) -> int: ...
+    def pending(self) -> tuple[int, float]: ...
+    def fold(self, *, orphaned_after: timedelta | None = ...) -> int: ...
+    def journal_problems(self) -> list[str]: ...
 
 
 def fingerprint(query: str) -> str:
@@ -379,6 +392,30 @@ def _timestamp_literal(moment: object, what: str) -> str:
     return f"TIMESTAMP '{utc.year:04d}-{utc.strftime('%m-%dT%H:%M:%S.%f')}Z'"
 
 
+def _fold_while_alive(ref: weakref.ReferenceType[AuditLog]) -> None:
+    """The folding thread's body: wake every ``FOLD_AFTER_S`` (sooner when many wait) and fold
+    what is due, for as long as the log is in use."""
+    while True:
+        audit = ref()
+        if audit is None:
+            return
+        wake = audit._fold_wake
+        audit._fold_when_due()
+        del audit  # hold the log only while folding
+        wake.wait(FOLD_AFTER_S / 4)
+        wake.clear()
+
+
+def _fold_at_exit(ref: weakref.ReferenceType[AuditLog]) -> None:
+    """At exit, fold what waits, so a process that stops normally leaves no journal behind."""
+    audit = ref()
+    if audit is not None and audit._folder_pid == os.getpid() and audit._table.pending()[0]:
+        try:
+            audit._table.fold(orphaned_after=None)
+        except Exception as exc:
+            log.warning("folding the audit journal at exit failed (another writer will fold it): %s", exc)
+
+
 class AuditLog:
     """The ``audit`` table: append receipts, verify the chains, find receipts by what they touched.
 
@@ -417,6 +454,9 @@ class AuditLog:
         self._maintaining = threading.Lock()
         self._pruned_at = float("-inf")
         self._appender: GroupCommit[Receipt, StoredReceipt] = GroupCommit(self._commit, name="audit-appender")
+        self._fold_wake = threading.Event()
+        self._folder_pid: int | None = None
+        self._swept_at = float("-inf")
 
     def _key_problem(self) -> str | None:
         recorded = self._table.recorded_key_check()
@@ -441,9 +481,40 @@ class AuditLog:
     # -- maintenance ------------------------------------------------------------------------
 
     def compact(self) -> None:
-        """Merge the receipts' small data files and drop old versions; rows are unchanged."""
+        """Fold the journal into the table, merge the receipts' small data files and drop old
+        versions; receipts are unchanged."""
         self._table.compact()
         self._pruned_at = time.monotonic()
+
+    def fold(self) -> int:
+        """Move this writer's receipts from the journal into the table now (one commit), and the
+        files of writers that stopped; returns how many moved. Writers fold on their own."""
+        self._swept_at = time.monotonic()
+        return self._table.fold()
+
+    def _start_folder(self) -> None:
+        """This process's folding thread, started with its first journaled receipt; it holds the log
+        only weakly, so a log nobody uses any more is collected and its thread ends."""
+        if self._folder_pid == os.getpid():
+            return
+        self._folder_pid = os.getpid()
+        threading.Thread(target=_fold_while_alive, args=(weakref.ref(self),), name="audit-folder", daemon=True).start()
+        atexit.register(_fold_at_exit, weakref.ref(self))
+
+    def _fold_when_due(self) -> bool:
+        """Fold if ``FOLD_ROWS`` receipts wait or the oldest has waited ``FOLD_AFTER_S`` (sweeping
+        stopped writers' files every ``ORPHAN_SWEEP_S``); False once nothing waits."""
+        rows, waited = self._table.pending()
+        if rows and (rows >= FOLD_ROWS or waited >= FOLD_AFTER_S):
+            sweep = time.monotonic() - self._swept_at >= ORPHAN_SWEEP_S
+            try:
+                if sweep:
+                    self.fold()
+                else:
+                    self._table.fold(orphaned_after=None)
+            except Exception as exc:  # the receipts are durable in the journal; the next pass retries
+                log.warning("folding the audit journal failed (it will be tried again): %s", exc)
+        return rows > 0
 
     def _compact_as_writer(self) -> None:
         """A writer's compaction: merge every time, drop old versions at most every ``PRUNE_EVERY_S``."""
@@ -557,6 +628,11 @@ class AuditLog:
         self._writer = None  # until the commit is known to have landed: a failure starts a new chain
         self._table.append(rows)
         self._writer = _Writer(pid=writer.pid, chain=writer.chain, seq=rows[-1]["seq"], hash=rows[-1]["hash"])
+        waiting, _ = self._table.pending()
+        if waiting:  # journaled: the folder moves them into the table
+            self._start_folder()
+            if waiting >= FOLD_ROWS:
+                self._fold_wake.set()
         before, self._written = self._written, self._written + len(rows)
         for every, what, step in ((self._compact_every, "compaction", self._compact_as_writer),
                                   (self._checkpoint_every, "checkpoint", self.checkpoint)):  # fmt: skip
@@ -583,6 +659,7 @@ class AuditLog:
         if not self._table.schema_intact():
             problems.append("table: the audit table's schema was changed")
             return ChainReport(ok=False, receipts=self._table.count(), problems=tuple(problems))
+        problems.extend(self._table.journal_problems())
 
         anchors = self._anchors(expect_head, problems)
         wanted = {(chain, seq): (digest, name) for name, heads in anchors for chain, seq, digest in heads}

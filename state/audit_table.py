@@ -5,22 +5,39 @@ The chains themselves (what a receipt holds, its hash, what ``verify`` proves) a
 append is a plain Lance append: appends by many processes commit side by side without a
 conflict, and no writer ever reads another's rows to write its own. A log written before
 per-writer chains gains the ``chain`` column in place (null: its rows form the one legacy chain).
+
+Receipts reach the table through the journal (``audit_journal``) where the warehouse has one: an
+append writes one journal file, and ``fold`` moves this writer's files into the table in one
+commit (and, past ``ORPHANED_AFTER``, files a dead writer left). Every read covers both.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import WarehouseError
+from ..governance.sql import sql_in_list
+from .audit_journal import JournalFile, ReceiptJournal
+from .commit_retry import retrying_conflicts
 from .schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SCHEMA, CHECKPOINT_SCHEMA
-from .tables import compact_and_prune, damaged_files, local_path, names_storage_failures, open_table
+from .tables import (
+    compact_and_prune,
+    damaged_files,
+    declare_primary_key,
+    local_path,
+    names_storage_failures,
+    open_table,
+)
 
 KEY_CHECK = b"ragwarden.audit.key_check"
 """Schema metadata naming the check value of the HMAC key the log was created with."""
@@ -37,18 +54,30 @@ commit many times a second, so the log keeps far fewer than the other tables; a 
 longer (verifying, finding the heads) pins its version with a tag instead (``_pinned``)."""
 
 
+ORPHANED_AFTER = timedelta(seconds=60)
+"""How old a journal file of another writer must be before any writer folds it: its own writer
+folds within a second or two, so one this old was left by a writer that stopped (killed)."""
+
+
 @names_storage_failures
 class AuditTable:
     """The receipts' rows and the checkpoints over them. ``key_check`` is recorded in the receipts'
     schema when this creates the table."""
 
-    def __init__(self, db: Any, *, key_check: str) -> None:
+    def __init__(self, db: Any, *, key_check: str, journal: ReceiptJournal | None = None) -> None:
         self.uri: str = db.uri
         self._db = db
+        self._journal = journal
+        self._pending: list[tuple[JournalFile, pa.Table]] = []  # this process's files, oldest first
+        self._pending_pid = os.getpid()
+        self._pending_lock = threading.Lock()
+        self._folding = threading.Lock()
         self._table = self._open(db, key_check)
         if "chain" not in self._table.schema.names:  # a log from before per-writer chains
             self._table.add_columns(AUDIT_SCHEMA.field("chain"))
         schema = self._table.schema
+        if journal is not None:  # two writers folding one stopped writer's file insert it once
+            declare_primary_key(self._table, "receipt_id")
         if not schema.equals(AUDIT_SCHEMA, check_metadata=False):
             raise WarehouseError(
                 f"the audit table has schema {schema}, expected {AUDIT_SCHEMA}; "
@@ -99,12 +128,81 @@ class AuditTable:
         return bool(self._table.schema.equals(AUDIT_SCHEMA, check_metadata=False))
 
     def count(self) -> int:
-        return int(self._table.count_rows())
+        with self._view() as (dataset, unfolded):
+            return int(dataset.count_rows()) + unfolded.num_rows
+
+    # -- appending and folding ------------------------------------------------------------
 
     def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Commit ``rows`` at once (all or none): a plain append, which never conflicts with another
-        writer's append or with a compaction."""
-        self._table.add(pa.Table.from_pylist([dict(row) for row in rows], schema=AUDIT_SCHEMA))
+        """Make ``rows`` (consecutive receipts of one chain) durable at once, all or none: one
+        journal file, or where the warehouse has no journal a plain append to the table (which never
+        conflicts with another writer's append or with a compaction)."""
+        table = pa.Table.from_pylist([dict(row) for row in rows], schema=AUDIT_SCHEMA)
+        if self._journal is None:
+            self._table.add(table)
+            return
+        chain = rows[0]["chain"]
+        if not chain or any(row["chain"] != chain for row in rows):
+            raise ValueError("a journal file holds receipts of one (non-legacy) chain")
+        written = self._journal.write(table, chain=chain, first=rows[0]["seq"], last=rows[-1]["seq"])
+        with self._pending_lock:
+            self._own_pending().append((written, table))
+
+    def _own_pending(self) -> list[tuple[JournalFile, pa.Table]]:
+        """This process's unfolded files (a forked child starts with none: the parent folds its own)."""
+        if self._pending_pid != os.getpid():
+            self._pending_pid, self._pending = os.getpid(), []
+        return self._pending
+
+    def pending(self) -> tuple[int, float]:
+        """How many of this writer's receipts wait in the journal, and how many seconds the oldest has."""
+        with self._pending_lock:
+            own = list(self._own_pending())
+        if not own:
+            return 0, 0.0
+        return sum(table.num_rows for _, table in own), own[0][0].age_s()
+
+    def fold(self, *, orphaned_after: timedelta | None = ORPHANED_AFTER) -> int:
+        """Move this writer's journal files into the table in one commit, then (unless
+        ``orphaned_after`` is None) other writers' files at least that old, in one commit that
+        inserts only receipts the table lacks, so two writers folding one file leave it once.
+        Returns the receipts moved."""
+        if self._journal is None:
+            return 0
+        with self._folding:
+            with self._pending_lock:
+                own = list(self._own_pending())
+            moved = 0
+            if own:
+                self._table.add(pa.concat_tables([table for _, table in own]))
+                self._journal.remove([file for file, _ in own])
+                with self._pending_lock:
+                    del self._own_pending()[: len(own)]
+                moved += sum(table.num_rows for _, table in own)
+            if orphaned_after is not None:
+                moved += self._fold_orphans(orphaned_after, {file.name for file, _ in own})
+            return moved
+
+    def _fold_orphans(self, orphaned_after: timedelta, own: set[str]) -> int:
+        assert self._journal is not None
+        with self._pending_lock:
+            own |= {file.name for file, _ in self._own_pending()}
+        limit = orphaned_after.total_seconds()
+        orphans = [file for file in self._journal.files() if file.name not in own and file.age_s() >= limit]
+        if not orphans:
+            return 0
+        found = self._journal.read(orphans)
+        if found.rows.num_rows:
+
+            def insert_missing() -> None:  # refused if another writer inserts one of these meanwhile
+                merge = self._table.to_lance().merge_insert("receipt_id").when_not_matched_insert_all()
+                merge.conflict_retries(0).execute(found.rows)
+
+            retrying_conflicts(insert_missing, what="folding the audit journal of a writer that stopped")
+        self._journal.remove(found.read)  # an unreadable file stays, for verify to report
+        return found.rows.num_rows
+
+    # -- reading --------------------------------------------------------------------------
 
     @contextmanager
     def _pinned(self) -> Iterator[Any]:
@@ -117,14 +215,32 @@ class AuditTable:
         finally:
             dataset.tags.delete(tag)
 
+    @contextmanager
+    def _view(self) -> Iterator[tuple[Any, pa.Table]]:
+        """One version of the table (pinned) and the journal's receipts it does not hold yet. The
+        journal is read first: a file folded meanwhile is then in the table read after it."""
+        journal = self._journal.read(self._journal.files()) if self._journal is not None else None
+        with self._pinned() as dataset:
+            unfolded = journal.rows if journal is not None else AUDIT_SCHEMA.empty_table()
+            ids = [value for value in unfolded.column("receipt_id").to_pylist() if value and "\x00" not in value]
+            if ids:
+                folded = dataset.to_table(columns=["receipt_id"], filter=f"receipt_id IN {sql_in_list(ids)}")
+                unfolded = unfolded.filter(pc.invert(pc.is_in(unfolded.column("receipt_id"), folded.column("receipt_id"))))
+            yield dataset, unfolded
+
+    def journal_problems(self) -> list[str]:
+        """Journal files that cannot be read as receipts (a reader skips them; verify reports them)."""
+        return list(self._journal.read(self._journal.files()).problems) if self._journal is not None else []
+
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
-        """Every row of one version, in storage order, ``BATCH_ROWS`` at a time."""
+        """Every receipt of one version and the journal, ``BATCH_ROWS`` at a time."""
         for batch in self._arrow_batches(columns):
             yield batch.to_pylist()
 
     def _arrow_batches(self, columns: Sequence[str] | None, where: str | None = None) -> Iterator[pa.RecordBatch]:
-        with self._pinned() as dataset:
+        with self._view() as (dataset, unfolded):
             yield from dataset.to_batches(columns=list(columns) if columns else None, filter=where, batch_size=BATCH_ROWS)
+            yield from _selected(unfolded, columns, where).to_batches(BATCH_ROWS)
 
     def links(self, chain: str | None) -> list[dict[str, Any]]:
         """``LINK_COLUMNS`` of one chain's rows (None: the legacy chain), lowest ``seq`` first; read
@@ -156,10 +272,7 @@ class AuditTable:
 
     def rows(self, where: str | None = None) -> list[dict[str, Any]]:
         """Rows ``where`` admits (every row for None), newest first."""
-        search = self._table.search()
-        if where:
-            search = search.where(where)
-        found = search.limit(None).to_arrow()
+        found = pa.Table.from_batches(list(self._arrow_batches(None, where)), schema=AUDIT_SCHEMA)
         return found.sort_by([("time", "descending"), ("chain", "ascending"), ("seq", "descending")]).to_pylist()
 
     def add_checkpoint(self, row: Mapping[str, Any]) -> None:
@@ -172,9 +285,19 @@ class AuditTable:
         return self._checkpoint_table().to_arrow().sort_by([("time", "ascending")]).to_pylist()
 
     def compact(self, *, prune: bool = True) -> int:
-        """Merge both tables' small data files (each commit leaves one) and, with ``prune``, drop
-        their old versions (``VERSIONS_KEPT``); rows are unchanged. Returns the versions dropped."""
+        """Fold the journal (this writer's files, and orphans), merge both tables' small data files
+        (each commit leaves one) and, with ``prune``, drop their old versions (``VERSIONS_KEPT``);
+        receipts are unchanged. Returns the versions dropped."""
+        self.fold()
         dropped = compact_and_prune(self._table, prune=prune, older_than=VERSIONS_KEPT)
         if self._checkpoints is not None or AUDIT_CHECKPOINTS in self._db.list_tables().tables:
             dropped += compact_and_prune(self._checkpoint_table(), prune=prune, older_than=VERSIONS_KEPT)
         return dropped
+
+
+def _selected(rows: pa.Table, columns: Sequence[str] | None, where: str | None) -> pa.Table:
+    """``columns`` of the ``rows`` that ``where`` (the table's SQL) admits: evaluated by Lance on an
+    in-memory copy, so the journal's receipts are filtered exactly as the table's."""
+    if where and rows.num_rows:
+        rows = lance.write_dataset(rows, f"memory://{uuid.uuid4().hex}").to_table(filter=where)
+    return rows.select(list(columns)) if columns else rows

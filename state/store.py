@@ -27,6 +27,7 @@ from ..errors import WarehouseError
 from ..governance.sql import sql_documents, sql_in_list
 from ..governance.tags import GovernanceTags
 from .api_keys import ApiKeysTable
+from .audit_journal import ReceiptJournal
 from .audit_table import AuditTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
 from .freshness import SingleFlight, Versions
@@ -156,8 +157,11 @@ class Store:
     def audit_table(self, key_check: str) -> AuditTable:
         """The receipts' table, created recording ``key_check`` if absent (``governance.audit.AuditLog``)."""
         if self._audit is None:
-            self._audit = AuditTable(self._db, key_check=key_check)
+            self._audit = AuditTable(self._db, key_check=key_check, journal=self._journal())
         return self._audit
+
+    def _journal(self) -> ReceiptJournal | None:
+        return ReceiptJournal.of(self.uri, self.storage_options)
 
     @property
     def api_keys(self) -> ApiKeysTable:
@@ -616,7 +620,7 @@ class Store:
         present = set(self._db.list_tables().tables)
         if AUDIT in present:
             if self._audit is None:  # opened, never created (it is there): its key check is not needed
-                self._audit = AuditTable(self._db, key_check="")
+                self._audit = AuditTable(self._db, key_check="", journal=self._journal())
             retrying_conflicts(self._audit.compact, what="compacting the audit log")
         if API_KEYS in present:
             retrying_conflicts(self.api_keys.compact, what="compacting the API keys")

@@ -113,6 +113,20 @@ def test_every_operation_works_on_object_storage_as_on_a_folder(s3: S3Server, s3
     assert reopened.store.count() == wh.store.count()
 
 
+def test_a_search_s_receipt_is_an_object_of_the_journal_until_it_is_folded(s3: S3Server, s3_warehouse: Warehouse) -> None:
+    wh = s3_warehouse
+    wh.audit.fold()  # what the fixture's own writes left
+
+    def journal_files() -> list[str]:  # (the client library may keep an empty "folder" object)
+        return [key for key in s3.keys(BUCKET, f"{wh.uri.removeprefix(f's3://{BUCKET}/')}/audit_journal/") if key.endswith(".arrow")]
+
+    wh.search("cafeteria menu", subject="user:alice", tenant="acme")
+    assert len(journal_files()) == 1  # one PUT, before the answer
+    assert [r.operation for r in Warehouse(wh.settings, embedder=wh.embedder).audit.query(subject="user:alice")] == ["search"]
+    assert wh.audit.fold() == 1
+    assert journal_files() == [] and len(wh.audit.query(subject="user:alice")) == 1 and wh.audit.verify().ok
+
+
 def test_a_bucket_that_does_not_exist_is_a_clear_error(s3: S3Server, embedder: Embedder, tmp_path: Path) -> None:
     settings = Settings.from_env(aws_env(s3), warehouse="s3://no-such-bucket/wh", lineage_dir=tmp_path)
     with pytest.raises(WarehouseError, match="no-such-bucket"):

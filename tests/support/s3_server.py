@@ -13,6 +13,7 @@ writes does: the tests show what then happens to concurrent commits.
 from __future__ import annotations
 
 import hashlib
+import io
 import threading
 import uuid
 from collections.abc import Callable
@@ -35,6 +36,18 @@ class StoredObject:
     body: bytes
     etag: str
     modified: datetime
+
+
+def _dechunked(readline: Callable[[], bytes], read: Callable[[int], bytes]) -> bytes:
+    """The payload of a chunked body (HTTP's, or the SDK's ``aws-chunked``): ``size[;ext]`` lines,
+    each followed by that many bytes, up to a zero size and trailer lines ended by a blank one."""
+    parts = []
+    while size := int(readline().split(b";")[0].strip() or b"0", 16):
+        parts.append(read(size))
+        readline()
+    while readline().strip():
+        pass
+    return b"".join(parts)
 
 
 def _stored(body: bytes) -> StoredObject:
@@ -90,7 +103,14 @@ class S3Server:
                 return unquote(bucket), unquote(key), query
 
             def _body(self) -> bytes:
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                    body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                else:
+                    body = _dechunked(self.rfile.readline, self.rfile.read)
+                if "aws-chunked" in self.headers.get("Content-Encoding", ""):  # the SDK's streaming upload
+                    stream = io.BytesIO(body)
+                    body = _dechunked(stream.readline, stream.read)
+                return body
 
             def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
                 self.send_response(status)
