@@ -392,15 +392,17 @@ def _timestamp_literal(moment: object, what: str) -> str:
     return f"TIMESTAMP '{utc.year:04d}-{utc.strftime('%m-%dT%H:%M:%S.%f')}Z'"
 
 
-def _fold_while_alive(ref: weakref.ReferenceType[AuditLog]) -> None:
-    """The folding thread's body: wake every ``FOLD_AFTER_S`` (sooner when many wait) and fold
-    what is due, for as long as the log is in use."""
+def _fold_while_waiting(ref: weakref.ReferenceType[AuditLog]) -> None:
+    """The folding thread's body: wake every quarter of ``FOLD_AFTER_S`` (at once when many wait)
+    and fold what is due; end once nothing of this writer waits (its next receipt starts another)
+    or nobody holds the log any more."""
     while True:
         audit = ref()
         if audit is None:
             return
         wake = audit._fold_wake
-        audit._fold_when_due()
+        if not audit._fold_when_due():
+            return
         del audit  # hold the log only while folding
         wake.wait(FOLD_AFTER_S / 4)
         wake.clear()
@@ -456,6 +458,8 @@ class AuditLog:
         self._appender: GroupCommit[Receipt, StoredReceipt] = GroupCommit(self._commit, name="audit-appender")
         self._fold_wake = threading.Event()
         self._folder_pid: int | None = None
+        self._folder_running = False
+        self._folder_lock = threading.Lock()
         self._swept_at = float("-inf")
 
     def _key_problem(self) -> str | None:
@@ -493,19 +497,26 @@ class AuditLog:
         return self._table.fold()
 
     def _start_folder(self) -> None:
-        """This process's folding thread, started with its first journaled receipt; it holds the log
-        only weakly, so a log nobody uses any more is collected and its thread ends."""
-        if self._folder_pid == os.getpid():
-            return
-        self._folder_pid = os.getpid()
-        threading.Thread(target=_fold_while_alive, args=(weakref.ref(self),), name="audit-folder", daemon=True).start()
-        atexit.register(_fold_at_exit, weakref.ref(self))
+        """Start this process's folding thread unless it runs. It holds the log only weakly (a log
+        nobody uses any more is collected and its thread ends) and ends when nothing waits."""
+        with self._folder_lock:
+            if self._folder_running and self._folder_pid == os.getpid():
+                return
+            if self._folder_pid != os.getpid():
+                atexit.register(_fold_at_exit, weakref.ref(self))
+            self._folder_pid, self._folder_running = os.getpid(), True
+        threading.Thread(target=_fold_while_waiting, args=(weakref.ref(self),), name="audit-folder", daemon=True).start()
 
     def _fold_when_due(self) -> bool:
         """Fold if ``FOLD_ROWS`` receipts wait or the oldest has waited ``FOLD_AFTER_S`` (sweeping
-        stopped writers' files every ``ORPHAN_SWEEP_S``); False once nothing waits."""
-        rows, waited = self._table.pending()
-        if rows and (rows >= FOLD_ROWS or waited >= FOLD_AFTER_S):
+        stopped writers' files every ``ORPHAN_SWEEP_S``); False once nothing waits (the thread
+        is then marked stopped)."""
+        with self._folder_lock:  # a receipt journaled after this sees the thread gone, and starts one
+            rows, waited = self._table.pending()
+            if not rows:
+                self._folder_running = False
+                return False
+        if rows >= FOLD_ROWS or waited >= FOLD_AFTER_S:
             sweep = time.monotonic() - self._swept_at >= ORPHAN_SWEEP_S
             try:
                 if sweep:
@@ -514,7 +525,7 @@ class AuditLog:
                     self._table.fold(orphaned_after=None)
             except Exception as exc:  # the receipts are durable in the journal; the next pass retries
                 log.warning("folding the audit journal failed (it will be tried again): %s", exc)
-        return rows > 0
+        return True
 
     def _compact_as_writer(self) -> None:
         """A writer's compaction: merge every time, drop old versions at most every ``PRUNE_EVERY_S``."""

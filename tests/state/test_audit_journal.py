@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -94,17 +94,27 @@ def test_busy_concurrent_writers_commit_the_table_once_per_fold_not_once_per_gro
     assert commits <= 800 / 50  # ...but at most one table version per 50 receipts
 
 
-def test_a_writer_folds_on_its_own_once_its_oldest_receipt_has_waited(
+def test_a_writer_folds_on_its_own_once_its_oldest_receipt_has_waited_and_then_its_thread_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(audit_module, "FOLD_AFTER_S", 0.2)
     log = journaled_log(tmp_path)
-    log.append(receipt(0))
-    for _ in range(100):
-        if not journal_files(tmp_path):
-            break
-        threading.Event().wait(0.05)
-    assert journal_files(tmp_path) == [] and table_rows(tmp_path) == 1
+
+    def settles(done: Callable[[], bool]) -> bool:
+        for _ in range(100):
+            if done():
+                return True
+            threading.Event().wait(0.05)
+        return False
+
+    def folders() -> set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if thread.name == "audit-folder"}
+
+    others = folders()  # other tests' writers, whose receipts still wait
+    for round_ in (1, 2):  # the second receipt starts the thread again
+        log.append(receipt(round_))
+        assert settles(lambda: not journal_files(tmp_path)) and table_rows(tmp_path) == round_
+        assert settles(lambda: folders() <= others)  # nothing waits: no thread polls for it
 
 
 def test_a_journal_read_while_a_fold_lands_finds_each_receipt_exactly_once(
