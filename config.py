@@ -101,6 +101,9 @@ class Settings:
     ``max_in_flight`` and ``max_queued`` bound the HTTP requests at work and waiting; one more
     answers 503 with ``Retry-After`` (``api.admission``).
     ``flat_cache_mb`` bounds the vectors exact scans keep in memory per process (0: none).
+    ``resident_index_mb`` bounds the resident serving index a process builds (``retrieval.serving``)
+    for a table that has a vector index; a table whose index would not fit is searched through
+    Lance (0: never build one).
     ``embed_window_docs`` is how many documents' new text an ingest embeds in one call before
     committing them ``write_batch_docs`` at a time (larger: fuller model batches, more memory).
     ``ray_actors`` is how many actors chunk and embed in a Ray ingest (None: one per GPU, else
@@ -130,6 +133,7 @@ class Settings:
     max_in_flight: int = 32
     max_queued: int = 64
     flat_cache_mb: int = 256
+    resident_index_mb: int = 4096
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     ray_actors: int | None = None
 
@@ -138,7 +142,7 @@ class Settings:
                      "ray_actors", "max_in_flight", "embed_threads"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1, got {getattr(self, name)}")
-        for name in ("chunk_overlap", "flat_cache_mb", "max_queued"):
+        for name in ("chunk_overlap", "flat_cache_mb", "max_queued", "resident_index_mb"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"setting {name} must be at least 0, got {getattr(self, name)}")
         check_embed_backend(self.embed_backend)
@@ -159,7 +163,7 @@ class Settings:
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
         for name, unit in (("max_file_bytes", "bytes"), ("max_body_bytes", "bytes"), ("flat_cache_mb", "MiB"),
-                           ("ray_actors", "actors"), ("embed_batch_size", "texts"), ("write_batch_docs", "documents"),
+                           ("resident_index_mb", "MiB"), ("ray_actors", "actors"), ("embed_batch_size", "texts"), ("write_batch_docs", "documents"),
                            ("max_in_flight", "requests"), ("max_queued", "requests"), ("embed_threads", "threads")):  # fmt: skip
             key = f"RAGWARDEN_{name.upper()}"
             if env.get(key):

@@ -32,8 +32,10 @@ from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
 from .retrieval.hits import Hit
+from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, access_review, inventory
 from .retrieval.search import Searcher, SearchResult, require_reader
+from .retrieval.serving import ServingStatus, store_artifact
 from .state import Store
 
 PathLike = str | Path
@@ -62,8 +64,26 @@ class Warehouse:
             self._policy = PolicyInForce(load=self._installed_policy, stamp=lambda: self.store.policies_version)
         self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks_version,
                                     fresh=self.store.pinned)  # fmt: skip
-        self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes)
+        self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes,
+                                  resident_index_bytes=settings.resident_index_mb * 2**20)  # fmt: skip
         self._lifecycle = Lifecycle(self.store, self.embedder)
+
+    def optimize(self) -> dict[str, Any]:
+        """Build the tables' indexes, compact and tidy them (``Store.optimize``), then store the
+        serving index's artifact for replicas to load when the table has a vector index and the
+        index fits ``resident_index_mb``. Returns what was done."""
+        report = self.store.optimize()
+        done: dict[str, Any] = {"rows": report.rows, "vector_index": report.vector_index, "serving_index": None}
+        fits = resident_bytes(report.rows, self.store.dimension) <= self.settings.resident_index_mb * 2**20
+        if self.store.has_vector_index() and fits:
+            stored = store_artifact(self.store)
+            if stored is not None:
+                done["serving_index"] = {"version": stored.version, "rows": stored.rows, "bytes": stored.nbytes}
+        return done
+
+    def serving_status(self) -> ServingStatus:
+        """This process's serving index: off, idle, building, ready, over budget or failed (why)."""
+        return self._searcher.serving.status()
 
     @property
     def uri(self) -> str:

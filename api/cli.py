@@ -129,6 +129,17 @@ def derive(
 
 
 @main.command()
+@_common_options
+def optimize(settings: Settings) -> None:
+    """Build the tables' indexes, compact them, and store the serving index (the vectors and graph
+    replicas load at start) when the table has a vector index and it fits RAGWARDEN_RESIDENT_INDEX_MB."""
+    done = Warehouse(settings).optimize()
+    served = done["serving_index"]
+    stored = f"serving index of {served['rows']} rows at version {served['version']} stored" if served else "no serving index stored"
+    click.echo(f"optimized {done['rows']} rows; vector index: {done['vector_index'] or 'none'}; {stored}")
+
+
+@main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @_common_options
 def sync(file: str, settings: Settings) -> None:

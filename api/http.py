@@ -49,6 +49,7 @@ from .http_models import (
     ReceiptModel,
     SearchRequest,
     SearchResponse,
+    ServingIndexModel,
     SyncRequest,
     SyncResponse,
 )
@@ -129,9 +130,12 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         table_version = warehouse.store.chunks_version
         if policy is None:
             raise PolicyError("no policy is in force: install one (ragwarden policy install) before serving")
+        serving = warehouse.serving_status()
         return Readiness(
-            status="ready", policy_version=policy.version, table_version=table_version, policy_problem=warehouse.public_policy_problem
-        )
+            status="ready", policy_version=policy.version, table_version=table_version, policy_problem=warehouse.public_policy_problem,
+            serving_index=ServingIndexModel(state=serving.state, version=serving.version, rows=serving.rows,
+                                            bytes=serving.bytes, reason=serving.reason),
+        )  # fmt: skip
 
     @app.get("/v1/whoami", response_model=IdentityModel, tags=["identity"])
     def whoami(identity: Verified) -> IdentityModel:

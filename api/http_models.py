@@ -334,8 +334,20 @@ class Health(BaseModel):
     status: str
 
 
+class ServingIndexModel(BaseModel):
+    """This replica's resident serving index: its state, the table version and rows it holds,
+    and why it is not in use when it is not (over budget, failed)."""
+
+    state: str
+    version: int | None = None
+    rows: int = 0
+    bytes: int = 0
+    reason: str = ""
+
+
 class Readiness(BaseModel):
     status: str
     policy_version: str | None
     table_version: int
     policy_problem: str | None = None  # a newer policy did not load; the one named above stays in force
+    serving_index: ServingIndexModel | None = None

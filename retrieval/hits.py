@@ -7,6 +7,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..governance.tags import Classification
+from ..state.schema import TAG_COLUMNS
+
+RESULT_COLUMNS = [
+    "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
+    "acl_clauses", "labels", "classification", "doc_version", "position",
+]  # fmt: skip
+"""The columns a hit is made from."""
+CONTENT_COLUMNS = [name for name in RESULT_COLUMNS if name not in TAG_COLUMNS]
+"""What a row says, as opposed to who may read it: fixed for a ``chunk_id`` (ids name the text and
+version they were made from), where tags change with every sync."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)  # slots: built once per result, on the hot path

@@ -26,10 +26,11 @@ from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
 from ..governance.visibility import check_row
 from ..stages import stage
-from ..state import TAG_COLUMNS, Registries, Store, vector_index_partitions
+from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
 from .fusion import reciprocal_rank_fusion
-from .hits import Hit
+from .hits import RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
+from .serving import ServingIndex
 from .visible_rows import VisibleRowCache, VisibleRows
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,6 @@ INDEX_REFINE_FACTOR = 10
 VIEWS_KEPT = 4096
 QUERY_BATCH = 64
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
-RESULT_COLUMNS = [
-    "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
-    "acl_clauses", "labels", "classification", "doc_version", "position",
-]  # fmt: skip
-
 
 V = TypeVar("V")
 
@@ -220,11 +216,14 @@ class Searcher:
         *,
         flat_max_rows: int | None = None,
         flat_cache_bytes: int = DEFAULT_FLAT_CACHE_BYTES,
+        resident_index_bytes: int = 0,
+        resident_min_rows: int = VECTOR_INDEX_MIN_ROWS,
     ) -> None:
         self.store = store
         self.embedder = embedder
         self.flat_max_rows = flat_max_rows
         self.visible = VisibleRowCache(flat_cache_bytes)
+        self.serving = ServingIndex(store, budget_bytes=resident_index_bytes, min_rows=resident_min_rows)
         self.filters: LruCache[str] = LruCache()  # by (kind, subject, tenant, policy and registry versions)
         self.decisions = DecisionMemo()
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
@@ -363,15 +362,21 @@ class Searcher:
         return ranked, version
 
     def plan(self, where: str, version: int) -> str:
-        """"flat" (exact scan of the rows ``where`` admits) or "index" (prefiltered vector index)."""
+        """"flat" (exact scan of the rows ``where`` admits), "resident" (this process's serving
+        index, when it is ready) or "index" (Lance's prefiltered vector index)."""
         if self._indexed[0] != version:
             self._indexed = (version, self.store.has_vector_index())
-        if not self._indexed[1]:
+        total = self._count("", version) if self.serving.wanted(self.store.dimension) else 0
+        if not self._indexed[1] and not self.serving.applies(total):
             return "flat"
         limit = self.flat_max_rows
         if limit is None:
             limit = max(FLAT_SEARCH_MIN_ROWS, round(FLAT_SEARCH_SHARE * self._count("", version)))
-        return "flat" if self._count(where, version) <= limit else "index"
+        if self._count(where, version) <= limit:
+            return "flat"
+        if self.serving.usable(total) is not None:
+            return "resident"
+        return "index" if self._indexed[1] else "flat"
 
     def _count(self, where: str, version: int) -> int:
         """Rows ``where`` admits (all rows for ""), cached per table version."""
@@ -389,6 +394,11 @@ class Searcher:
         the exact scan, whose ranking depends on the admitted rows alone), and whether they were
         read at ``version`` itself (held rows) rather than at the table's latest."""
         plan = "flat" if exact else self.plan(where, version)
+        if plan == "resident":
+            found = self._resident(vector, where, limit, version)
+            if found is not None:
+                return found, True
+            plan = "index" if self._indexed[1] else "flat"
         if plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension):
             visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
             if visible is not None:
@@ -405,6 +415,19 @@ class Searcher:
             refine_factor=INDEX_REFINE_FACTOR,
         )
         return found, False
+
+    def _resident(self, vector: np.ndarray | None, where: str, limit: int, version: int) -> list[dict[str, Any]] | None:
+        """The ``limit`` nearest rows ``where`` admits at ``version`` through the serving index; None
+        when it cannot answer for that version (the caller then searches through Lance)."""
+        index = self.serving.usable(self._count("", version))
+        norm = float(np.linalg.norm(vector)) if vector is not None else 0.0
+        if index is None or not np.isfinite(norm) or norm == 0:
+            return None
+        view = self.visible.get(("resident", where, version, index.version), lambda: self.serving.view(index, where, version))
+        if view is None:
+            return None
+        ranked = view.nearest(np.asarray(vector, dtype=np.float32) / norm, limit)
+        return [{**row, "_distance": 1.0 - score} for row, score in ranked]
 
     def _read_visible(self, where: str, version: int) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``; None if the table has moved on (the caller

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from .api_keys import ApiKeysTable
 from .audit_table import AuditTable
-from .indexing import IndexReport, vector_index_partitions
+from .files import WarehouseFiles
+from .indexing import VECTOR_INDEX_MIN_ROWS, IndexReport, vector_index_partitions
 from .schema import TAG_COLUMNS, chunks_schema
 from .snapshot import ChunksSnapshot, ChunkWrite
 from .store import DocumentKey, InstalledPolicy, Registries, SourceState, Store
@@ -20,6 +21,7 @@ from .text_analysis import ANALYZER, terms_of_words
 __all__ = [
     "ANALYZER",
     "TAG_COLUMNS",
+    "VECTOR_INDEX_MIN_ROWS",
     "ApiKeysTable",
     "AuditTable",
     "ChunkWrite",
@@ -30,6 +32,7 @@ __all__ = [
     "Registries",
     "SourceState",
     "Store",
+    "WarehouseFiles",
     "chunks_schema",
     "operation_named",
     "terms_of_words",

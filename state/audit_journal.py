@@ -14,22 +14,16 @@ A file's name says whose receipts it holds: ``<chain>-<first seq>-<last seq>-<un
 
 from __future__ import annotations
 
-import os
 import re
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
-from urllib.parse import urlparse
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from pyarrow import ipc
 
+from .files import WarehouseFiles, warehouse_files
 from .schema import AUDIT_SCHEMA
-from .tables import local_path
 
 JOURNAL = "audit_journal"
 """The journal's folder in the warehouse, beside the tables."""
@@ -73,119 +67,18 @@ class JournalRead:
     problems: tuple[str, ...]
 
 
-class _Files(Protocol):
-    def put(self, name: str, data: bytes) -> None: ...
-    def names(self) -> list[str]: ...
-    def get(self, name: str) -> bytes | None: ...
-    def remove(self, name: str) -> None: ...
-
-
-class _LocalFiles:
-    """The journal in a local folder: written to a temporary name, then renamed into place, so a
-    reader sees a whole file or none. Durable as Lance's own commits to a local folder are: in the
-    operating system's hands once written (a killed process loses nothing; neither flushes to the
-    disk, which on this path costs about 5 ms of a search's time under load)."""
-
-    def __init__(self, folder: Path) -> None:
-        self._folder = folder
-
-    def put(self, name: str, data: bytes) -> None:
-        # As few system calls as will do: under load each one waits for the interpreter lock again.
-        partial = str(self._folder / f".{name}.{uuid.uuid4().hex}.tmp")
-        try:
-            handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:  # the journal's first file
-            self._folder.mkdir(parents=True, exist_ok=True)
-            handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            left = memoryview(data)
-            while left:  # one call, but for a short write
-                left = left[os.write(handle, left) :]
-        finally:
-            os.close(handle)
-        os.replace(partial, self._folder / name)
-
-    def names(self) -> list[str]:
-        try:
-            return os.listdir(self._folder)
-        except FileNotFoundError:
-            return []
-
-    def get(self, name: str) -> bytes | None:
-        try:
-            return (self._folder / name).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def remove(self, name: str) -> None:
-        try:
-            (self._folder / name).unlink()
-        except FileNotFoundError:
-            pass
-
-
-class _ObjectFiles:
-    """The journal under the warehouse's prefix of an S3-compatible store (one PUT per file)."""
-
-    def __init__(self, fs: pafs.FileSystem, prefix: str) -> None:
-        self._fs = fs
-        self._prefix = prefix
-
-    def put(self, name: str, data: bytes) -> None:
-        with self._fs.open_output_stream(f"{self._prefix}/{name}") as out:
-            out.write(data)
-
-    def names(self) -> list[str]:
-        found = self._fs.get_file_info(pafs.FileSelector(self._prefix, allow_not_found=True))
-        return [info.base_name for info in found if info.type == pafs.FileType.File]
-
-    def get(self, name: str) -> bytes | None:
-        try:
-            with self._fs.open_input_stream(f"{self._prefix}/{name}") as source:
-                return bytes(source.read())
-        except FileNotFoundError:
-            return None
-
-    def remove(self, name: str) -> None:
-        try:
-            self._fs.delete_file(f"{self._prefix}/{name}")
-        except FileNotFoundError:
-            pass
-
-
-def _s3_files(uri: str, storage_options: Mapping[str, str]) -> _ObjectFiles:
-    """The journal's files on S3, configured from the same options Lance is given."""
-    parsed = urlparse(uri)
-    endpoint = storage_options.get("aws_endpoint") or storage_options.get("endpoint")
-    kwargs: dict[str, object] = {}
-    if endpoint:
-        target = urlparse(endpoint)
-        kwargs["endpoint_override"] = target.netloc or target.path
-        kwargs["scheme"] = target.scheme or "https"
-    for option, name in (("aws_region", "region"), ("aws_access_key_id", "access_key"),
-                         ("aws_secret_access_key", "secret_key"), ("aws_session_token", "session_token")):  # fmt: skip
-        if storage_options.get(option):
-            kwargs[name] = storage_options[option]
-    fs = pafs.S3FileSystem(**kwargs)  # type: ignore[arg-type]
-    return _ObjectFiles(fs, f"{parsed.netloc}{parsed.path.rstrip('/')}/{JOURNAL}")
-
-
 class ReceiptJournal:
     """The journal of one warehouse: write a batch of receipts, list, read and remove files."""
 
-    def __init__(self, files: _Files) -> None:
+    def __init__(self, files: WarehouseFiles) -> None:
         self._files = files
 
     @classmethod
     def of(cls, uri: str, storage_options: Mapping[str, str]) -> ReceiptJournal | None:
         """The journal of the warehouse at ``uri``: a folder locally, a prefix on S3; None for other
         stores, whose receipts then go straight to the table (one commit per group commit)."""
-        folder = local_path(uri)
-        if folder is not None:
-            return cls(_LocalFiles(folder / JOURNAL))
-        if urlparse(uri).scheme in ("s3", "s3a"):
-            return cls(_s3_files(uri, storage_options))
-        return None
+        files = warehouse_files(uri, storage_options, JOURNAL)
+        return None if files is None else cls(files)
 
     def write(self, rows: pa.Table, *, chain: str, first: int, last: int) -> JournalFile:
         """Store ``rows`` (receipts ``first``..``last`` of ``chain``) as one file, durable on return."""

@@ -28,6 +28,7 @@ from ..governance.sql import sql_documents, sql_in_list
 from ..governance.tags import GovernanceTags
 from .api_keys import ApiKeysTable
 from .audit_journal import ReceiptJournal
+from .files import RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .audit_table import AuditTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
 from .freshness import SingleFlight, Versions
@@ -427,6 +428,16 @@ class Store:
             return None
         return dataset.to_table(columns=list(columns), filter=where)
 
+    def read_latest(self, columns: Sequence[str]) -> tuple[int, pa.Table]:
+        """Every row's ``columns`` at the latest version, and that version (the serving index's
+        source)."""
+        dataset = self._chunks.to_lance()
+        return dataset.version, dataset.to_table(columns=list(columns))
+
+    def files(self, folder: str) -> WarehouseFiles | None:
+        """Plain files of ``folder`` in the warehouse (None on a store with none: not a folder nor S3)."""
+        return warehouse_files(self.uri, self.storage_options, folder)
+
     def load_rows(self, rows: pa.Table) -> int:
         """Append whole ``chunks`` rows as they are, unplanned (synthetic benchmark worlds, whose tags
         were computed with their clause tokens registered); returns the new version."""
@@ -531,8 +542,9 @@ class Store:
 
     def purge_history(self) -> dict[str, int]:
         """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
-        indexes (both hold copies of what rows said), and drop every old table version, so erased
-        text and vectors are in no file under the warehouse.
+        indexes (both hold copies of what rows said), drop every old table version and the serving
+        index's artifacts (replicas rebuild them), so erased text and vectors are in no file under
+        the warehouse.
 
         Each step is retried when it loses a commit race (each converges). Files no version ever
         committed are left to Lance's own week-long grace: they may belong to another writer's
@@ -555,6 +567,9 @@ class Store:
                 )
             stats = table.to_lance().cleanup_old_versions(older_than=timedelta(0))
             removed[name] = int(stats.old_versions)
+        artifacts = self.files(RESIDENT_INDEX)  # serving-index artifacts hold every row's vector
+        for name in artifacts.names() if artifacts is not None else []:
+            artifacts.remove(name)
         return removed
 
     def versions_left(self) -> dict[str, int]:

