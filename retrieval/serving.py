@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -205,8 +206,9 @@ def store_artifact(store: Store) -> ResidentIndex | None:
     version, rows = store.read_latest([*CONTENT_COLUMNS, "vector"])
     index = ResidentIndex.build(rows, version=version, dimension=store.dimension)
     sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, index.content.schema) as out:
-        out.write_table(index.content)
+    rows = index.stored_rows()
+    with ipc.new_file(sink, rows.schema) as out:
+        out.write_table(rows)
     stem = f"chunks-{version:012d}"
     files.put(f"{stem}.rows", sink.getvalue().to_pybytes())
     files.put(f"{stem}.faiss", index.to_bytes())  # last: its presence marks a whole artifact
@@ -235,11 +237,20 @@ def load_artifact(store: Store) -> ResidentIndex | None:
     versions = sorted(int(found[1]) for name in files.names() if (found := _ARTIFACT.fullmatch(name)))
     for version in reversed(versions):
         stem = f"chunks-{version:012d}"
-        graph, content = files.get(f"{stem}.faiss"), files.get(f"{stem}.rows")
-        if graph is None or content is None:
+        content = files.get(f"{stem}.rows")
+        if content is None:
             continue
         try:
-            return ResidentIndex.from_parts(graph, ipc.open_file(pa.BufferReader(content)).read_all(), version=version)
+            rows = ipc.open_file(pa.BufferReader(content)).read_all()
+            mapped = files.local(f"{stem}.faiss")
+            if mapped is not None:  # the vectors mapped from the file, not copied (a replica starts faster)
+                graph = faiss.read_index(str(mapped), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+            else:
+                stored = files.get(f"{stem}.faiss")
+                if stored is None:
+                    continue
+                graph = faiss.deserialize_index(np.frombuffer(stored, dtype=np.uint8))
+            return ResidentIndex.loaded(graph, rows, version=version)
         except (pa.ArrowException, ValueError, RuntimeError) as exc:
             log.warning("resident index artifact %s is unreadable (building from the table): %s", stem, exc)
     return None

