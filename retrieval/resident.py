@@ -116,7 +116,7 @@ class ResidentIndex:
         take = min(k, visible)
         share = visible / self.rows
         if share >= GRAPH_MIN_SHARE:
-            params = faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search(take, share, self.rows))
+            params = faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search(take, share))
             scores, found = self.graph.search(query.reshape(1, -1), take, params=params)
         else:
             storage = faiss.downcast_index(self.graph.storage)
@@ -136,14 +136,21 @@ class ResidentIndex:
         usable = np.asarray(content.column("usable").to_numpy(zero_copy_only=False), dtype=bool)
         return cls(version=version, content=content.select(CONTENT_COLUMNS).combine_chunks(), usable=usable, graph=graph)
 
+    def warm(self) -> None:
+        """Read every stored vector once, so a graph whose vectors are mapped from its artifact has
+        them in memory before searches fault them in one page at a time."""
+        storage = faiss.downcast_index(self.graph.storage)
+        vectors = faiss.rev_swig_ptr(storage.get_xb(), self.graph.ntotal * self.graph.d)
+        step = 1 << 24  # 64 MB of float32 at a time
+        for start in range(0, self.graph.ntotal * self.graph.d, step):
+            float(np.asarray(vectors[start : start + step]).sum())
+
     def stored_rows(self) -> pa.Table:
         """What an artifact keeps beside the graph: each row's content and whether it can be ranked."""
         return self.content.append_column("usable", pa.array(self.usable))
 
 
-def ef_search(k: int, share: float, rows: int) -> int:
-    """Candidates a filtered graph walk keeps: about ``VISIBLE_CANDIDATES`` visible ones, more in a
-    larger graph (the walk's reach thins as it grows; at 1M rows and 10% visible, 128 gave recall
-    0.985), ``EF_SEARCH`` at least."""
-    growth = max(1.0, (rows / 100_000) ** 0.25)
-    return max(EF_SEARCH, k, min(4096, math.ceil(VISIBLE_CANDIDATES * growth / max(share, 1e-6))))
+def ef_search(k: int, share: float) -> int:
+    """Candidates a filtered graph walk keeps: about ``VISIBLE_CANDIDATES`` visible ones, ``EF_SEARCH``
+    at least."""
+    return max(EF_SEARCH, k, min(4096, math.ceil(VISIBLE_CANDIDATES / max(share, 1e-6))))

@@ -194,6 +194,7 @@ class ServingIndex:
             index = ResidentIndex.build(rows, version=version, dimension=self._store.dimension)
         self._index = index
         self._status = ServingStatus(state="ready", version=index.version, rows=index.rows, bytes=index.nbytes)
+        threading.Thread(target=index.warm, name="resident-index-warm", daemon=True).start()
         return index
 
 
