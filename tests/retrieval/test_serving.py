@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 from support.raw_tables import raw_table
 
+from ragwarden.api.cli import main
 from ragwarden.bench.world import TENANT, World
 from ragwarden.governance.caller import Caller
 from ragwarden.retrieval import serving
@@ -133,3 +135,12 @@ def test_a_stored_artifact_is_what_a_new_replica_loads_and_an_erasure_s_purge_re
     assert top_ids(replica, indexed_warehouse, subject, vector)[0] == exact[0]
     indexed_warehouse.store.purge_history()
     assert list(folder.iterdir()) == []
+
+
+def test_ragwarden_optimize_stores_the_artifact_of_a_table_with_a_vector_index(indexed_warehouse: Warehouse) -> None:
+    result = CliRunner().invoke(main, ["optimize", "--warehouse", indexed_warehouse.uri])
+    assert result.exit_code == 0, result.output
+    version = indexed_warehouse.store.chunks_version
+    assert f"serving index of {indexed_warehouse.store.count()} rows at version {version} stored" in result.output
+    loaded = serving.load_artifact(indexed_warehouse.store)
+    assert loaded is not None and loaded.version == version
