@@ -102,7 +102,7 @@ class Settings:
     answers 503 with ``Retry-After`` (``api.admission``).
     ``flat_cache_mb`` bounds the vectors exact scans keep in memory per process (0: none).
     ``resident_index_mb`` bounds the resident serving index a process builds (``retrieval.serving``)
-    for a table that has a vector index; a table whose index would not fit is searched through
+    for a table of 50,000 rows and more; a table whose index would not fit is searched through
     Lance (0: never build one).
     ``embed_window_docs`` is how many documents' new text an ingest embeds in one call before
     committing them ``write_batch_docs`` at a time (larger: fuller model batches, more memory).

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .hits import CONTENT_COLUMNS
+from .visible_rows import unit_vectors
 
 HNSW_M = 32
 """Neighbours per node (faiss's HNSW32; the FAISS peer of ``make bench`` uses the same)."""
@@ -48,21 +49,6 @@ ROW_OVERHEAD_BYTES = 96
 def resident_bytes(rows: int, dimension: int) -> int:
     """What an index of ``rows`` vectors occupies: the vectors, the graph's links, the ids."""
     return rows * (4 * dimension + 2 * HNSW_M * 4 + ROW_OVERHEAD_BYTES)
-
-
-def unit_vectors(column: pa.ChunkedArray | pa.Array, dimension: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of norm 1 from a vector column, and which rows could be used (a missing, non-finite or
-    zero vector cannot be ranked by cosine: it is never returned)."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    vectors = np.zeros((len(array), dimension), dtype=np.float32)
-    if valid.any():
-        vectors[valid] = array.filter(pa.array(valid)).flatten().to_numpy().reshape(-1, dimension)
-    norms = np.linalg.norm(vectors, axis=1)
-    usable = valid & np.isfinite(norms) & (norms > 0)
-    vectors[usable] /= norms[usable, None]
-    vectors[~usable] = 0.0
-    return np.ascontiguousarray(vectors), usable
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,8 @@ from ..state import Store
 from ..state.files import RESIDENT_INDEX
 from ..state.schema import TAG_COLUMNS
 from .hits import CONTENT_COLUMNS, RESULT_COLUMNS
-from .resident import ResidentIndex, resident_bytes, unit_vectors
+from .resident import ResidentIndex, resident_bytes
+from .visible_rows import unit_vectors
 
 log = logging.getLogger(__name__)
 
@@ -217,17 +218,6 @@ def store_artifact(store: Store) -> ResidentIndex | None:
         if not name.startswith(stem):
             files.remove(name)
     return index
-
-
-def drop_artifacts(store: Store) -> int:
-    """Remove every stored artifact (an erasure: they hold the vectors of rows it removed)."""
-    files = store.files(RESIDENT_INDEX)
-    if files is None:
-        return 0
-    names = files.names()
-    for name in names:
-        files.remove(name)
-    return len(names)
 
 
 def load_artifact(store: Store) -> ResidentIndex | None:

@@ -36,6 +36,21 @@ def id_ranks(chunk_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return ranks
 
 
+def unit_vectors(column: pa.ChunkedArray | pa.Array, dimension: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of norm 1 from a vector column, and which rows could be used (a missing, non-finite or
+    zero vector cannot be ranked by cosine: it is never returned)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    vectors = np.zeros((len(array), dimension), dtype=np.float32)
+    if valid.any():
+        vectors[valid] = array.filter(pa.array(valid)).flatten().to_numpy().reshape(-1, dimension)
+    norms = np.linalg.norm(vectors, axis=1)
+    usable = valid & np.isfinite(norms) & (norms > 0)
+    vectors[usable] /= norms[usable, None]
+    vectors[~usable] = 0.0
+    return np.ascontiguousarray(vectors), usable
+
+
 def best_first(
     scores: np.ndarray, k: int, eligible: np.ndarray | None = None, ties: np.ndarray | None = None
 ) -> np.ndarray:
@@ -66,13 +81,9 @@ class VisibleRows:
     def from_arrow(cls, table: pa.Table, dimension: int) -> VisibleRows:
         """From rows with a ``vector`` column. A row whose vector is missing, not finite or zero
         cannot be ranked by cosine, so it is left out (a scan never returns it)."""
-        table = table.filter(pc.is_valid(table.column("vector")))
-        vectors = table.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, dimension)
-        norms = np.linalg.norm(vectors, axis=1)
-        usable = np.isfinite(norms) & (norms > 0)
-        unit = (vectors[usable] / norms[usable, None]).astype(np.float32, copy=False)
+        vectors, usable = unit_vectors(table.column("vector"), dimension)
         rows = table.drop_columns(["vector"]).filter(pa.array(usable)).combine_chunks()
-        return cls(rows=rows, vectors=np.ascontiguousarray(unit), ranks=id_ranks(rows.column("chunk_id")))
+        return cls(rows=rows, vectors=np.ascontiguousarray(vectors[usable]), ranks=id_ranks(rows.column("chunk_id")))
 
     @property
     def nbytes(self) -> int:
