@@ -129,9 +129,12 @@ def fingerprint(query: str) -> str:
     return hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _canonical_json(value: Any) -> str:
     """One spelling per value (sorted keys, no spaces), so a hash over it is reproducible."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def _check_text(value: object, what: str, *, optional: bool = False, empty: bool = False) -> None:
@@ -246,6 +249,17 @@ class StoredReceipt(Receipt):
     prev_hash: str
     hash: str
 
+    @classmethod
+    def _placed(cls, receipt: Receipt, placed: Mapping[str, Any]) -> StoredReceipt:
+        """``receipt`` with what the log added (``_PLACED``), its fields not checked again: they
+        were checked when it was made, and a search's receipt is made once per answer."""
+        stored = object.__new__(cls)
+        for name in _RECEIPT_FIELDS:
+            object.__setattr__(stored, name, getattr(receipt, name))
+        for name in _PLACED:
+            object.__setattr__(stored, name, placed[name])
+        return stored
+
 
 ChainHead = tuple[str, int, str]
 """(chain, seq, hash) of a chain's last receipt."""
@@ -309,18 +323,51 @@ _CHAINED = (*_LEGACY_CHAINED, "chain")
 legacy receipt's: all of those but the chain it does not have)."""
 
 
-def _hash_payload(row: Mapping[str, Any]) -> bytes:
-    """Canonical bytes of the ``_CHAINED`` fields; ``time`` as integer microseconds (UTC)."""
-    legacy = not row.get("chain")
-    payload = {}
-    for name in _LEGACY_CHAINED if legacy else _CHAINED:
+def _payload_parts(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
+    """Each of ``names`` as it appears in a hash payload: ``"name":value`` in canonical JSON (a
+    tuple as a list, ``time`` as integer microseconds, UTC)."""
+    parts = {}
+    for name in names:
         value = row[name]
         if name == "time":
             value = _micros(value)
         elif isinstance(value, tuple):
             value = list(value)
-        payload[name] = value
-    return (_HASH_DOMAIN if legacy else _HASH_DOMAIN_CHAINED) + _canonical_json(payload).encode("utf-8")
+        parts[name] = f"{_canonical_json(name)}:{_canonical_json(value)}"
+    return parts
+
+
+def _joined_payload(parts: Mapping[str, str], *, legacy: bool) -> bytes:
+    """The canonical JSON object of ``parts`` (keys sorted, as ``_canonical_json`` spells a dict),
+    after the hash domain."""
+    body = "{" + ",".join(parts[name] for name in sorted(parts)) + "}"
+    return (_HASH_DOMAIN if legacy else _HASH_DOMAIN_CHAINED) + body.encode("utf-8")
+
+
+def _hash_payload(row: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of the ``_CHAINED`` fields; ``time`` as integer microseconds (UTC)."""
+    legacy = not row.get("chain")
+    return _joined_payload(_payload_parts(row, _LEGACY_CHAINED if legacy else _CHAINED), legacy=legacy)
+
+
+_UNPLACED = tuple(name for name in _CHAINED if name not in _PLACED)
+"""What of a receipt's hash payload is known before the log places it (all but its chain, seq,
+id, time and previous hash)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Prepared:
+    """A receipt readied for the log on its caller's thread: its table columns and its part of the
+    hash payload, so the commit (one at a time) only places and chains it."""
+
+    receipt: Receipt
+    columns: dict[str, Any]
+    parts: dict[str, str]
+
+    @classmethod
+    def of(cls, receipt: Receipt) -> _Prepared:
+        columns = _columns_of(receipt)
+        return cls(receipt=receipt, columns=columns, parts=_payload_parts(columns, _UNPLACED))
 
 
 def _checkpoint_payload(root: str, moment: datetime, receipts: int, heads: Sequence[ChainHead]) -> bytes:
@@ -455,7 +502,7 @@ class AuditLog:
         self._written = 0  # receipts this process committed (for its maintenance rhythm)
         self._maintaining = threading.Lock()
         self._pruned_at = float("-inf")
-        self._appender: GroupCommit[Receipt, StoredReceipt] = GroupCommit(self._commit, name="audit-appender")
+        self._appender: GroupCommit[_Prepared, dict[str, Any]] = GroupCommit(self._commit, name="audit-appender")
         self._fold_wake = threading.Event()
         self._folder_pid: int | None = None
         self._folder_running = False
@@ -622,20 +669,24 @@ class AuditLog:
             raise InvalidRequestError(f"append needs a Receipt, got {type(receipt).__name__}")
         if self._key_problem_at_open:
             raise ConfigurationError(f"{self._key_problem_at_open}; open it with the key it was created with")
-        return self._appender.submit(receipt)
+        return StoredReceipt._placed(receipt, self._appender.submit(_Prepared.of(receipt)))
 
-    def _commit(self, receipts: Sequence[Receipt]) -> list[StoredReceipt]:
-        """Chain ``receipts`` onto this process's chain (a new one in a new process) and commit them at once."""
+    def _commit(self, prepared: Sequence[_Prepared]) -> list[dict[str, Any]]:
+        """Chain ``prepared`` receipts onto this process's chain (a new one in a new process) and
+        commit them at once; returns what the log added to each (``_PLACED``). Commits run one at
+        a time and every search waits for one, so what can be done before (a receipt's columns and
+        most of its hash payload) is done on the caller's thread (``_Prepared``)."""
         writer = self._writer
         if writer is None or writer.pid != os.getpid():
             writer = _Writer(pid=os.getpid(), chain=secrets.token_hex(8))
         rows: list[dict[str, Any]] = []
-        for offset, receipt in enumerate(receipts, start=1):
-            row = {**_columns_of(receipt), "chain": writer.chain, "seq": writer.seq + offset,
-                   "receipt_id": str(uuid.uuid4()), "time": datetime.now(timezone.utc),
-                   "prev_hash": rows[-1]["hash"] if rows else writer.hash}  # fmt: skip
-            row["hash"] = self._hash(row)
-            rows.append(row)
+        prev_hash = writer.hash
+        for offset, item in enumerate(prepared, start=1):
+            placed = {"chain": writer.chain, "seq": writer.seq + offset, "receipt_id": str(uuid.uuid4()),
+                      "time": datetime.now(timezone.utc), "prev_hash": prev_hash}  # fmt: skip
+            payload = _joined_payload({**item.parts, **_payload_parts(placed, tuple(placed))}, legacy=False)
+            prev_hash = placed["hash"] = self._digest(payload)
+            rows.append({**item.columns, **placed})
         self._writer = None  # until the commit is known to have landed: a failure starts a new chain
         self._table.append(rows)
         self._writer = _Writer(pid=writer.pid, chain=writer.chain, seq=rows[-1]["seq"], hash=rows[-1]["hash"])
@@ -649,10 +700,7 @@ class AuditLog:
                                   (self._checkpoint_every, "checkpoint", self.checkpoint)):  # fmt: skip
             if every and before // every != self._written // every:
                 self._in_background(what, step)
-        return [
-            StoredReceipt(**{name: getattr(receipt, name) for name in _RECEIPT_FIELDS}, **{name: row[name] for name in _PLACED})
-            for receipt, row in zip(receipts, rows, strict=True)
-        ]
+        return [{name: row[name] for name in _PLACED} for row in rows]
 
     # -- verifying ------------------------------------------------------------------------
 
