@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -79,6 +80,7 @@ class Cell:
     app_ms: float
     stages_ms: dict[str, float]
     ingested_docs_per_s: float
+    chunk_commits: int  # commits to the chunks table during the cell (the ingest's), each a new version to read at
     audit_versions_per_receipt: float
 
 
@@ -121,6 +123,7 @@ class _Ingest:
     def __init__(self, warehouse: Warehouse, records: list[dict[str, Any]]) -> None:
         self._warehouse, self._records = warehouse, records
         self._stop = threading.Event()
+        self._run_id = secrets.token_hex(4)  # ids new to the warehouse in every cell and run: each batch is written
         self.documents = 0
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="bench-ingest", daemon=True)
@@ -143,7 +146,7 @@ class _Ingest:
             batch = []
             for record in self._records[n % len(self._records) : n % len(self._records) + 8]:
                 n += 1
-                batch.append({**record, "id": f"ingest-{n}-{record['id']}", "acl": {"allow": ["group:ingest-only"]},
+                batch.append({**record, "id": f"ingest-{self._run_id}-{n}-{record['id']}", "acl": {"allow": ["group:ingest-only"]},
                               "labels": [], "classification": "public"})  # fmt: skip
             n += 8 - len(batch)
             try:
@@ -278,7 +281,7 @@ def run(
         for caller, (sub, tenant) in CALLERS[corpus].items():
             readable = _readable(warehouse, sub, tenant)
             for count in clients:
-                before = (warehouse.audit.count(), _commits(folder))
+                before = (warehouse.audit.count(), _commits(folder), warehouse.store.latest_chunks_version())
                 with _Ingest(warehouse, records) if ingest else contextlib.nullcontext() as running:
                     found = _drive(urls, sub, tenant, count, seconds, readable)
                 receipts = warehouse.audit.count() - before[0]
@@ -286,6 +289,7 @@ def run(
                 ingested = running.documents / running.seconds if running is not None else 0.0
                 cells.append(Cell(corpus=corpus, caller=caller, clients=count, replicas=replicas, **found,
                                   readable=len(readable), ingested_docs_per_s=round(ingested, 1),
+                                  chunk_commits=warehouse.store.latest_chunks_version() - before[2],
                                   audit_versions_per_receipt=commits / max(1, receipts)))  # fmt: skip
                 print(_line(cells[-1]), flush=True)
     finally:
@@ -337,7 +341,7 @@ def _line(cell: Cell) -> str:
     return (f"{cell.corpus:8} {cell.caller:9} {cell.clients:>3} clients x{cell.replicas}: {cell.per_second:7.1f}/s  "
             f"p50 {cell.p50_ms:7.1f}  p95 {cell.p95_ms:7.1f}  p99 {cell.p99_ms:7.1f} ms  errors {cell.errors}  "
             f"503 {cell.overloaded}  leaks {cell.leaks}  queue {cell.queue_ms:.1f} app {cell.app_ms:.1f} ms "
-            f"({', '.join(f'{k} {v}' for k, v in cell.stages_ms.items())})  ingest {cell.ingested_docs_per_s}/s  "
+            f"({', '.join(f'{k} {v}' for k, v in cell.stages_ms.items())})  ingest {cell.ingested_docs_per_s}/s ({cell.chunk_commits} commits)  "
             f"audit commits/receipt {cell.audit_versions_per_receipt:.3f}")  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from ..governance.appender import GroupCommit
 from ..governance.caller import Caller
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
+from ..governance.sql import sql_in_list
 from ..governance.visibility import check_row
 from ..stages import stage
 from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
@@ -51,6 +52,8 @@ INDEX_NPROBES = 20
 PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
 VIEWS_KEPT = 4096
+FLAT_FILTERS_KEPT = 4096  # filters whose newest read version is remembered (to re-tag their rows after a commit)
+RETAG_MAX_NEW_ROWS = 2_000  # more rows than this new since the held version: read them all again
 QUERY_BATCH = 64
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 
@@ -227,6 +230,9 @@ class Searcher:
         self.filters: LruCache[str] = LruCache()  # by (kind, subject, tenant, policy and registry versions)
         self.decisions = DecisionMemo()
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._flat_read: OrderedDict[str, int] = OrderedDict()  # by filter: the newest version its rows were read at
+        self._flat_lock = threading.Lock()
+        self.retags = 0  # held sets carried to a new version by re-reading ids and tags only (for monitoring)
         self._indexed: tuple[int, bool] = (-1, False)
         # Concurrent searches' queries are embedded together, by one thread: a batch costs little more
         # than one query, and the backend's threads never contend with another call's. A backend
@@ -431,9 +437,36 @@ class Searcher:
 
     def _read_visible(self, where: str, version: int) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``; None if the table has moved on (the caller
-        then scans the table, and ``rank`` sees the version change and asks again)."""
-        table = self.store.read_at(version, where, [*RESULT_COLUMNS, "vector"])
-        return None if table is None else VisibleRows.from_arrow(table, self.store.dimension)
+        then scans the table, and ``rank`` sees the version change and asks again). When this
+        process holds the filter's rows from an earlier version, only the admitted rows' ids and
+        tags are read, and the texts and vectors of rows it did not hold (``VisibleRows.retagged``)."""
+        columns = [*RESULT_COLUMNS, "vector"]
+        with self._flat_lock:
+            since = self._flat_read.get(where)
+        before = self.visible.peek((where, since)) if since is not None and since < version else None
+        if isinstance(before, VisibleRows):
+            current = self.store.read_at(version, where, ["chunk_id", *TAG_COLUMNS])
+            if current is None:
+                return None
+            if current.num_rows - before.rows.num_rows > RETAG_MAX_NEW_ROWS:
+                before = None  # mostly new rows: one read of them all costs less than an IN list
+            else:
+                visible = before.retagged(
+                    current, lambda ids: self.store.read_at(version, f"({where}) AND chunk_id IN {sql_in_list(ids)}", columns)
+                )
+                self.retags += visible is not None
+        if not isinstance(before, VisibleRows):
+            table = self.store.read_at(version, where, columns)
+            visible = None if table is None else VisibleRows.from_arrow(table, self.store.dimension)
+        if visible is None:
+            return None
+        with self._flat_lock:
+            if self._flat_read.get(where, -1) < version:
+                self._flat_read[where] = version
+                self._flat_read.move_to_end(where)
+            while len(self._flat_read) > FLAT_FILTERS_KEPT:
+                self._flat_read.popitem(last=False)
+        return visible
 
     def nprobes(self, where: str, version: int) -> int:
         """IVF partitions to probe: enough that about ``PROBED_VISIBLE_ROWS`` visible rows lie in

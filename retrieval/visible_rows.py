@@ -85,6 +85,42 @@ class VisibleRows:
         rows = table.drop_columns(["vector"]).filter(pa.array(usable)).combine_chunks()
         return cls(rows=rows, vectors=np.ascontiguousarray(vectors[usable]), ranks=id_ranks(rows.column("chunk_id")))
 
+    def retagged(self, current: pa.Table, read: Callable[[list[str]], pa.Table | None]) -> VisibleRows | None:
+        """The set a filter admits now, from ``current`` (the ``chunk_id`` and tag columns of the
+        rows it admits now) and these rows, read at an earlier version: a row held here keeps its
+        content and vector (fixed for a chunk id) and takes its current tags; a row not held here
+        is read with ``read(chunk_ids)`` (rows with a ``vector`` column). None when ``read`` finds
+        the table moved on.
+
+        Why: after an ingest or a sync the rows a broad caller may read are mostly the ones it held;
+        reading their ids and tags costs a fraction of reading their texts and vectors again."""
+        held_ids = self.rows.column("chunk_id").combine_chunks()
+        current_ids = current.column("chunk_id").combine_chunks()
+        if current_ids.slice(0, len(held_ids)).equals(held_ids):  # the usual case after an append: no lookup
+            held = pa.array(np.arange(len(current_ids)) < len(held_ids))
+            kept = np.arange(len(held_ids))
+        else:
+            positions = pc.index_in(current_ids, value_set=held_ids)
+            held = positions.is_valid()
+            kept = positions.filter(held).to_numpy(zero_copy_only=False).astype(np.int64)
+        new_ids = current_ids.filter(pc.invert(held)).to_pylist()
+        in_place = len(kept) == len(self.vectors) and bool((kept == np.arange(len(kept))).all())
+        content = self.rows.select([name for name in self.rows.column_names if name not in current.column_names])
+        content = content if in_place else content.take(kept)  # every row still here, in order: nothing to move
+        rows = pa.Table.from_arrays([*content.columns, *current.filter(held).columns],
+                                    names=[*content.column_names, *current.column_names])  # fmt: skip
+        rows = rows.select(self.rows.column_names).cast(self.rows.schema)
+        vectors = self.vectors if in_place else self.vectors[kept]
+        if new_ids:
+            added = read(new_ids)
+            if added is None:
+                return None
+            more = VisibleRows.from_arrow(added, self.vectors.shape[1])
+            rows = pa.concat_tables([rows, more.rows.select(self.rows.column_names).cast(self.rows.schema)])
+            vectors = np.concatenate([vectors, more.vectors])
+        rows = rows.combine_chunks()
+        return VisibleRows(rows=rows, vectors=np.ascontiguousarray(vectors), ranks=id_ranks(rows.column("chunk_id")))
+
     @property
     def nbytes(self) -> int:
         ranks = 0 if self.ranks is None else self.ranks.nbytes
@@ -134,6 +170,11 @@ class VisibleRowCache:
     def holds(self, nbytes: int) -> bool:
         """Whether a set of ``nbytes`` would be kept."""
         return nbytes <= self.max_bytes // 4
+
+    def peek(self, key: Hashable) -> Held | None:
+        """The set held for ``key``, if any, without loading one (nor counting it as used)."""
+        with self._lock:
+            return self._items.get(key)
 
     def get(self, key: Hashable, load: Callable[[], HeldT | None]) -> HeldT | None:
         """The held set for ``key``, else ``load()``'s (kept unless it is None or too large).

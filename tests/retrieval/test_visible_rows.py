@@ -124,3 +124,68 @@ def test_a_failed_shared_read_is_tried_again_by_the_searches_that_waited_for_it(
         with pytest.raises(OSError, match="connection reset"):
             first.result(10)
         assert second.result(10).rows.num_rows == 10
+
+
+def _retag(warehouse: Warehouse, chunk_ids: list[str], column: str, value: list[str]) -> None:
+    """A sync's kind of commit: one tag column of the rows rewritten, their text and vector untouched."""
+    schema = warehouse.store.chunks_schema
+    columns = pa.schema([schema.field("chunk_id"), schema.field(column)])
+    warehouse.store.replace_columns(pa.table({"chunk_id": chunk_ids, column: [value] * len(chunk_ids)}, schema=columns))
+
+
+@pytest.mark.parametrize("commit", ["append", "retag", "erase", "compact"])
+def test_a_held_set_carried_past_a_commit_answers_as_a_fresh_read_does(
+    indexed_warehouse: Warehouse, small_world: World, commit: str
+):
+    """After a commit the held rows keep their texts and vectors and take their current tags, and
+    only rows new to the filter are read: the answers are a fresh read's, row for row."""
+    held = _flat(indexed_warehouse, 64 * 2**20)
+    reader = small_world.subjects[0.5]
+    queries = small_world.rows.vectors[:6]
+    before = [_search(held, indexed_warehouse, reader, vector) for vector in queries]
+    top = [chunk_id for chunk_id, _ in before[0][:3]]
+    if commit == "append":
+        append_rows(indexed_warehouse.store, new_rows(small_world, 5, group_of(indexed_warehouse, reader), seed=7))
+    elif commit == "retag":
+        _retag(indexed_warehouse, top, "acl_allow", ["group:nobody"])
+    elif commit == "erase":
+        indexed_warehouse.store.delete(top, (TENANT, top[0]))
+    else:
+        indexed_warehouse.store.optimize(vector_index_min_rows=1_000)
+    after = [_search(held, indexed_warehouse, reader, vector) for vector in queries]
+    fresh = _flat(indexed_warehouse, 64 * 2**20)
+    assert after == [_search(fresh, indexed_warehouse, reader, vector) for vector in queries]
+    if commit in ("retag", "erase"):
+        assert not set(top) & {chunk_id for chunk_id, _ in after[0]}, "a row the reader lost came back"
+    assert held.retags == 1 and held.visible.loads == 2
+
+
+def test_a_row_given_back_to_the_reader_is_read_into_the_held_set(indexed_warehouse: Warehouse, small_world: World):
+    held = _flat(indexed_warehouse, 64 * 2**20)
+    reader = small_world.subjects[0.01]
+    vector = small_world.rows.vectors[0]
+    mine = _search(held, indexed_warehouse, reader, vector)[0][0]
+    acl = small_world.rows.acl_allow[small_world.rows.ids.index(mine)]
+    _retag(indexed_warehouse, [mine], "acl_allow", ["group:nobody"])
+    assert mine not in {c for c, _ in _search(held, indexed_warehouse, reader, vector)}
+    _retag(indexed_warehouse, [mine], "acl_allow", list(acl))
+    assert _search(held, indexed_warehouse, reader, vector)[0][0] == mine and held.retags == 2
+
+
+def test_a_held_row_whose_tags_changed_is_checked_and_shown_with_its_current_tags(
+    indexed_warehouse: Warehouse, small_world: World
+):
+    held = _flat(indexed_warehouse, 64 * 2**20)
+    reader = small_world.subjects[0.5]
+    caller = Caller(subject=reader, tenant=TENANT)
+    vector = small_world.rows.vectors[0]
+
+    def top_hit():  # noqa: ANN202 - a Hit
+        return held.search("q", policy=indexed_warehouse.policy, caller=caller, k=K, vector=vector).hits[0]
+
+    first = top_hit()
+    label = next(f"l{n}" for n in range(20) if (f"l{n}",) != first.labels)  # one the reader is cleared for
+    _retag(indexed_warehouse, [first.chunk_id], "labels", [label])
+    again = top_hit()
+    assert again.chunk_id == first.chunk_id and held.retags == 1
+    assert again.labels == (label,)
