@@ -232,22 +232,30 @@ def _numpy(world: World, mask: np.ndarray) -> Callable[[np.ndarray], list[str]]:
 
 def run_world(
     world: World, *, data: str, queries_per_cell: int, workdir: Path, peers: Collection[str] | None = None,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, ours: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Every system at every selectivity and correlation on one world (``data`` names its vectors:
-    "synthetic" or the data set's); ``peers`` names the peers to run (None: every one installed)."""
+    "synthetic" or the data set's); ``peers`` names the peers to run (None: every one installed).
+    ``ours`` False runs the peers alone (and the exact numpy scan), against the same callers, queries
+    and exact answers: a peer measured where building ragwarden's side again would add nothing."""
     n = len(world.rows.ids)
     index: RowIndex = row_index(world.rows)
     index_of = {chunk_id: i for i, chunk_id in enumerate(world.rows.ids)}
-    folder = workdir / f"ragwarden-{data}-{n}"
-    shutil.rmtree(folder, ignore_errors=True)
-    rw = RagwardenSystems(world, folder)
-    policy = rw.policy
+    rw: RagwardenSystems | None = None
+    builds: dict[str, float] = {}
+    memory: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    if ours:
+        folder = workdir / f"ragwarden-{data}-{n}"
+        shutil.rmtree(folder, ignore_errors=True)
+        rw = RagwardenSystems(world, folder)
+        log(f"N={n}: written in {rw.write_seconds:.1f} s; indexes {rw.index_report.seconds}")
+        builds["ragwarden"] = sum(rw.index_report.seconds.values())
+        memory["ragwarden"] = _peak_rss_mb()
+        if rw.serving:
+            sizes["ragwarden serving index"] = int(rw.serving["bytes"])
+    policy = rw.policy if rw is not None else Policy.from_text(world.policy_text)
     assert policy is not None
-    log(f"N={n}: written in {rw.write_seconds:.1f} s; indexes {rw.index_report.seconds}")
-    builds: dict[str, float] = {"ragwarden": sum(rw.index_report.seconds.values())}
-    memory: dict[str, float] = {"ragwarden": _peak_rss_mb()}
-    sizes: dict[str, int] = {"ragwarden serving index": int(rw.serving["bytes"])} if rw.serving else {}
     cells: list[Cell] = []
     stages: dict[str, dict[str, float]] = {}
     callers: dict[float, tuple[str, Caller, np.ndarray]] = {}
@@ -275,19 +283,21 @@ def run_world(
                 cells.append(_score(name, world, mask, index_of, truth, answers, latencies, cold, target, correlation))
         gc.collect()
 
-    run_system("ragwarden", lambda s, c, m: rw.governed(s))
-    if rw.store.has_vector_index():
-        for plan in ("flat", "index", "resident"):
-            searcher = rw.forced(plan)
-            run_system(f"ragwarden {plan} only", lambda s, c, m, searcher=searcher: rw.governed(s, searcher))
-    run_system("unfiltered", lambda s, c, m: rw.unfiltered())
-    run_system("k-then-drop k'=k", lambda s, c, m: rw.k_then_drop(s, 1))
-    run_system("k-then-drop k'=10k", lambda s, c, m: rw.k_then_drop(s, 10))
-    run_system("k-then-drop k'=2k/s", lambda s, c, m: rw.k_then_drop(s, max(10, round(2 / max(m.mean(), 1e-6)))))
+    if rw is not None:
+        run_system("ragwarden", lambda s, c, m: rw.governed(s))
+        if rw.store.has_vector_index():
+            for plan in ("flat", "index", "resident"):
+                searcher = rw.forced(plan)
+                run_system(f"ragwarden {plan} only", lambda s, c, m, searcher=searcher: rw.governed(s, searcher))
+        run_system("unfiltered", lambda s, c, m: rw.unfiltered())
+        run_system("k-then-drop k'=k", lambda s, c, m: rw.k_then_drop(s, 1))
+        run_system("k-then-drop k'=10k", lambda s, c, m: rw.k_then_drop(s, 10))
+        run_system("k-then-drop k'=2k/s", lambda s, c, m: rw.k_then_drop(s, max(10, round(2 / max(m.mean(), 1e-6)))))
     run_system("numpy exact", lambda s, c, m: _numpy(world, m))
-    for target, (subject, _, _) in callers.items():
-        qs = queries(world, subject, policy, "none", queries_per_cell, seed=99)
-        stages[str(target)] = rw.stages(subject, qs)
+    if rw is not None:
+        for target, (subject, _, _) in callers.items():
+            qs = queries(world, subject, policy, "none", queries_per_cell, seed=99)
+            stages[str(target)] = rw.stages(subject, qs)
     skipped: dict[str, str] = {}
     for name, factory, reason in available_peers():
         if peers is not None and name not in peers:
@@ -308,18 +318,20 @@ def run_world(
             sizes[name] = int(peer.size_bytes)
         log(f"N={n}: {name} built in {builds[name]:.1f} s")
         run_system(name, lambda s, c, m, peer=peer: (lambda q: peer.search(q, K, c)))
+        for value in getattr(peer, "tunings", ()):  # a peer that trades latency for recall, tuned as its users would
+            run_system(peer.tune(value), lambda s, c, m, peer=peer: (lambda q: peer.search(q, K, c)))
         memory[name] = _peak_rss_mb()
         peer.close()
         shutil.rmtree(peer_dir, ignore_errors=True)
-    appended = appended_rows_found(rw, world)
+    appended = appended_rows_found(rw, world) if rw is not None else {}
     return {
         "n": n,
         "data": data,
         "visible_share": {str(t): float(m.mean()) for t, (_, _, m) in callers.items()},
         "cells": [cell.__dict__ for cell in cells],
         "build_seconds": builds,
-        "index_report": rw.index_report.seconds,
-        "serving_index": rw.serving,
+        "index_report": rw.index_report.seconds if rw is not None else {},
+        "serving_index": rw.serving if rw is not None else None,
         "index_bytes": sizes,
         "peak_rss_mb_after": memory,
         "stages_ms": stages,

@@ -87,14 +87,16 @@ class Cell:
 def _warehouse(corpus: str, folder: Path, data: Path) -> Warehouse:
     """The corpus's warehouse in ``folder``, built unless a complete one is there already."""
     built = folder / ".built"
-    if built.exists():  # as a fresh build leaves it: compacted, old audit versions pruned
+    if built.exists():  # as a fresh build leaves it: compacted, old audit versions pruned, the serving index stored
         warehouse = Warehouse(Settings(warehouse=str(folder), data_dir=data))
-        warehouse.store.optimize()
+        warehouse.optimize()
         return warehouse
-    if corpus == "world100k":
-        world.write_warehouse(world.generate(WORLD_ROWS), folder).optimize()
+    if corpus == "world100k":  # its broad callers are served by the serving index the replicas load
+        world.write_warehouse(world.generate(WORLD_ROWS), folder)
+        warehouse = Warehouse(Settings(warehouse=str(folder), data_dir=data))
+        warehouse.optimize()
         built.touch()
-        return Warehouse(Settings(warehouse=str(folder), data_dir=data))
+        return warehouse
     warehouse = Warehouse(Settings(warehouse=str(folder), data_dir=data))
     if corpus == "demo":
         warehouse.install_policy(policy_file("demo.csv"))
@@ -104,7 +106,7 @@ def _warehouse(corpus: str, folder: Path, data: Path) -> Warehouse:
         policy.write_text(scifact.POLICY, encoding="utf-8")
         warehouse.install_policy(policy)
         warehouse.ingest_records(scifact.records(data / "scifact"))
-    warehouse.store.optimize()
+    warehouse.optimize()
     built.touch()
     return warehouse
 
