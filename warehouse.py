@@ -31,6 +31,7 @@ from .governance.policy_in_force import PolicyInForce
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
+from .retrieval.collapse import Collapse
 from .retrieval.hits import Hit
 from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, access_review, inventory
@@ -308,6 +309,9 @@ class Warehouse:
         min_version: int | None = None,
         purpose: str | None = None,
         vector: Sequence[float] | None = None,
+        group_by: str | None = None,
+        per_group: int = 1,
+        distinct: bool = False,
     ) -> list[Hit]:
         """The best ``k`` chunks the caller may read in its tenant (fewer only if fewer are visible).
 
@@ -315,16 +319,19 @@ class Warehouse:
         with ``actor``, the agent acting for the subject (it gets exactly the subject's visibility).
         ``vector``: the query's embedding, when the caller computed it already.
         ``min_version``: refuse to answer from a table older than this version (read-your-writes).
+        ``group_by="doc"``: at most ``per_group`` chunks of one document; ``distinct``: one chunk of
+        each text (byte for byte), so copies of one licence do not fill the answer.
         """
         who = _required(caller, subject, tenant, actor, Operation.SEARCH)
         require_reader(who)
         self.store.require_version(min_version)
+        collapse = Collapse(group_by=group_by, per_group=per_group, distinct=distinct)  # type: ignore[arg-type] - checked there
 
         def describe(found: SearchResult) -> dict[str, Any]:
             hits = found.hits
             return {
                 "purpose": purpose,
-                "reason": f"{len(hits)} of k={k} ({mode})",
+                "reason": f"{len(hits)} of k={k} ({', '.join(filter(None, (mode, collapse.describe())))})",
                 "query_fingerprint": fingerprint(query),
                 "query": query if self.settings.audit_raw_queries else None,
                 "chunk_ids": tuple(h.chunk_id for h in hits),
@@ -339,7 +346,7 @@ class Warehouse:
             who,
             Need.READ,
             lambda permission: self._searcher.search(
-                query, policy=permission.policy, caller=who, k=k, mode=mode, vector=vector
+                query, policy=permission.policy, caller=who, k=k, mode=mode, vector=vector, collapse=collapse
             ),
             describe,
         )

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from ..governance.audit import StoredReceipt
 from ..governance.explain import Explanation
 from ..ingest.lifecycle import DERIVED_KINDS, DerivedRow, ForgetReport, SyncReport
 from ..ingest.pipeline import IngestReport
+from ..retrieval.collapse import GroupBy
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
 from ..retrieval.review import AccessReview
@@ -36,8 +37,11 @@ class SearchRequest(Request):
     mode: Mode = "vector"
     purpose: str | None = Field(None, max_length=256, description="Why the caller searches; kept in the receipt.")
     min_version: int | None = Field(None, ge=0, description="Refuse to answer from an older table version.")
+    group_by: GroupBy | None = Field(None, description='"doc": at most per_group chunks of one document.')
+    per_group: int = Field(1, ge=1, le=MAX_K, description="With group_by: how many chunks of one document at most.")
+    distinct: StrictBool = Field(False, description="One chunk of each text: byte-identical copies collapse to the best.")
 
-    @field_validator("k", "min_version", mode="before")
+    @field_validator("k", "min_version", "per_group", mode="before")
     @classmethod
     def _a_json_number(cls, value: object) -> object:
         """Refuse true/false and numeric strings where the schema says integer (pydantic would coerce them)."""

@@ -42,6 +42,7 @@ from ..credentials import Authenticator, api_keys_at, authenticator_for
 from ..errors import AuthenticationError, ConfigurationError, RagwardenError
 from ..governance.caller import Identity
 from ..ingest.lifecycle import MAX_DERIVED_CHARS
+from ..retrieval.collapse import GroupBy
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
 from ..retrieval.search import MAX_K, MAX_QUERY_CHARS, Mode
@@ -304,11 +305,15 @@ def build_mcp_server(
         mode: Mode = "vector",
         purpose: Annotated[str | None, Field(max_length=256, description="Why; kept in the audit receipt.")] = None,
         session_id: SessionArg = None,
+        group_by: Annotated[GroupBy | None, Field(description='"doc": at most per_group chunks of one document.')] = None,
+        per_group: Annotated[int, Field(ge=1, le=MAX_K, description="With group_by: chunks per document.")] = 1,
+        distinct: Annotated[bool, Field(strict=True, description="One chunk of each text (copies collapse).")] = False,
     ) -> SearchResult:
         """The best k chunks the calling user may read, with their labels and classification."""
         who, handle = await begin(ctx, session_id)
         hits = await run(
-            lambda: warehouse.search(query, caller=who, k=k, mode=mode, purpose=purpose)
+            lambda: warehouse.search(query, caller=who, k=k, mode=mode, purpose=purpose, group_by=group_by,
+                                     per_group=per_group, distinct=distinct)  # fmt: skip
         )
         return SearchResult(
             hits=[HitModel.of(h) for h in hits],

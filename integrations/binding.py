@@ -19,6 +19,7 @@ import httpx
 from ..credentials import authenticator_for
 from ..errors import ConfigurationError, WarehouseError, error_of, error_of_status
 from ..governance.caller import Identity
+from ..retrieval.collapse import Collapse, GroupBy
 from ..retrieval.search import Mode
 from ..warehouse import Warehouse
 
@@ -39,6 +40,18 @@ class SearchOptions:
 
     mode: Mode = "vector"
     purpose: str | None = None
+    group_by: GroupBy | None = None  # "doc": at most per_group chunks of one document
+    per_group: int = 1
+    distinct: bool = False  # one chunk of each text
+
+    def __post_init__(self) -> None:
+        Collapse(group_by=self.group_by, per_group=self.per_group, distinct=self.distinct)  # refused here, at construction
+
+    def collapse(self) -> dict[str, Any]:
+        """The collapse arguments of a search (only those set, so an older service is not sent new fields)."""
+        given = {"group_by": self.group_by, "per_group": self.per_group, "distinct": self.distinct}
+        defaults = {"group_by": None, "per_group": 1, "distinct": False}
+        return {name: value for name, value in given.items() if value != defaults[name]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +73,7 @@ class InProcess:
             k=k,
             mode=self.options.mode,
             purpose=self.options.purpose,
+            **self.options.collapse(),
         )
         return [hit.as_dict() for hit in hits]
 
@@ -77,7 +91,7 @@ class OverHttp:
     timeout: float = 30.0
 
     def _request(self, query: str, k: int) -> dict[str, Any]:
-        body = {"query": query, "k": k, "mode": self.options.mode}
+        body = {"query": query, "k": k, "mode": self.options.mode, **self.options.collapse()}
         if self.options.purpose is not None:
             body["purpose"] = self.options.purpose
         return {

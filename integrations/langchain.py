@@ -16,6 +16,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
+from ..retrieval.collapse import GroupBy
 from ..retrieval.search import MAX_K, Mode
 from ..warehouse import Warehouse
 from .binding import Binding, SearchOptions, bind, hit_metadata
@@ -43,6 +44,9 @@ class WardenRetriever(BaseRetriever):
     k: int = Field(DEFAULT_K, ge=1, le=MAX_K)
     mode: Mode = "vector"
     purpose: str | None = None
+    group_by: GroupBy | None = None
+    per_group: int = 1
+    distinct: bool = False
 
     _bound: tuple[tuple[Any, ...], Binding] | None = PrivateAttr(default=None)
 
@@ -55,7 +59,8 @@ class WardenRetriever(BaseRetriever):
         """The binding of the fields as they are now: a copy or an assignment that changes whom or
         how it searches gets a new one (and a token given anew is verified anew)."""
         token = self.token.get_secret_value() if self.token is not None else None
-        fields = (id(self.warehouse), self.url, token, self.subject, self.tenant, self.actor, self.mode, self.purpose)
+        fields = (id(self.warehouse), self.url, token, self.subject, self.tenant, self.actor, self.mode, self.purpose,
+                  self.group_by, self.per_group, self.distinct)  # fmt: skip
         if self._bound is None or self._bound[0] != fields:
             binding = bind(
                 warehouse=self.warehouse,
@@ -64,7 +69,8 @@ class WardenRetriever(BaseRetriever):
                 subject=self.subject,
                 tenant=self.tenant,
                 actor=self.actor,
-                options=SearchOptions(mode=self.mode, purpose=self.purpose),
+                options=SearchOptions(mode=self.mode, purpose=self.purpose, group_by=self.group_by,
+                                      per_group=self.per_group, distinct=self.distinct),  # fmt: skip
             )
             self._bound = (fields, binding)
         return self._bound[1]

@@ -15,6 +15,7 @@ from typing import Any
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
+from ..retrieval.collapse import GroupBy
 from ..retrieval.search import Mode
 from ..warehouse import Warehouse
 from .binding import SearchOptions, bind, hit_metadata
@@ -42,6 +43,9 @@ class WardenRetriever(BaseRetriever):
         k: int = DEFAULT_K,
         mode: Mode = "vector",
         purpose: str | None = None,
+        group_by: GroupBy | None = None,
+        per_group: int = 1,
+        distinct: bool = False,
         **kwargs: Any,
     ) -> None:
         self._binding = bind(
@@ -51,7 +55,7 @@ class WardenRetriever(BaseRetriever):
             subject=subject,
             tenant=tenant,
             actor=actor,
-            options=SearchOptions(mode=mode, purpose=purpose),
+            options=SearchOptions(mode=mode, purpose=purpose, group_by=group_by, per_group=per_group, distinct=distinct),
         )
         self.k = check_k(k)
         super().__init__(**kwargs)

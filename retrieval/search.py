@@ -28,6 +28,7 @@ from ..governance.sql import sql_in_list
 from ..governance.visibility import check_row
 from ..stages import stage
 from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
+from .collapse import NO_COLLAPSE, Collapse
 from .fusion import reciprocal_rank_fusion
 from .hits import RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
@@ -278,13 +279,15 @@ class Searcher:
         k: int = 10,
         mode: str = "vector",
         vector: Sequence[float] | np.ndarray | None = None,
+        collapse: Collapse = NO_COLLAPSE,
     ) -> SearchResult:
         """The best ``k`` rows ``caller`` may read under ``policy`` (none without a policy), and what
         the receipt needs: how many rows the post-check withheld (never the caller's to see) and
         the versions the answer was read at.
 
         ``vector``: the query's embedding when the caller has it already (it must be the model's
-        dimension and finite); ``query`` is still what the audit records.
+        dimension and finite); ``query`` is still what the audit records. ``collapse``: at most so
+        many hits of one document, one of each text; rows are ranked deeper until k are kept.
         """
         validate_query(query, k, mode)
         require_reader(caller)
@@ -292,6 +295,20 @@ class Searcher:
             query_vector = self.query_vector(query, vector) if mode != "fts" else None
         if policy is None:  # no policy at all: nothing is visible
             return SearchResult(hits=[], withheld=0, table_version=self.store.chunks_version, policy_version=None)
+        if not collapse.active:
+            return self._answer(query, query_vector, policy, caller, k, mode)
+        for depth in collapse.depths(k):
+            found = self._answer(query, query_vector, policy, caller, depth, mode)
+            kept = collapse.apply(found.hits, k)
+            if len(kept) == k or len(found.hits) < depth:  # enough, or no row left to rank
+                break
+        return SearchResult(hits=kept, withheld=found.withheld, table_version=found.table_version,
+                            policy_version=found.policy_version)  # fmt: skip
+
+    def _answer(
+        self, query: str, query_vector: np.ndarray | None, policy: Policy, caller: Caller, k: int, mode: str
+    ) -> SearchResult:
+        """The best ``k`` rows ``caller`` may read, ranked and post-checked."""
         view = self.view(policy, caller)
         registries = self.store.registries()
         where = self.prefilter(view, registries)

@@ -65,6 +65,22 @@ def test_ingest_then_search_as_json(runner, warehouse_args):
     assert all(hit["classification"] in ("public", "internal") and not hit["labels"] for hit in hits)
 
 
+def test_search_collapses_copies_of_one_text_with_distinct(runner, warehouse_args, tmp_path):
+    copies = [{"id": f"copy-{n}", "text": "Permission is hereby granted, free of charge, to any person.", "tenant": "acme",
+               "acl": {"allow": ["group:staff"]}, "classification": "public"} for n in range(3)]  # fmt: skip
+    corpus = tmp_path / "copies.jsonl"
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in copies), encoding="utf-8")
+    assert runner.invoke(main, ["ingest", str(corpus), *warehouse_args]).exit_code == 0
+    args = ["search", "permission granted", "--as", "user:dave", "--tenant", "acme", "-k", "3", "--json",
+            *warehouse_args, "--policy", str(policy_file("demo.csv"))]  # fmt: skip
+    plain = json.loads(runner.invoke(main, args).stdout)
+    distinct = json.loads(runner.invoke(main, [*args, "--distinct"]).stdout)
+    per_doc = json.loads(runner.invoke(main, [*args, "--group-by", "doc", "--per-group", "1"]).stdout)
+    assert len(plain) == 3 and len(distinct) == 1 and len(per_doc) == 3
+    refused = runner.invoke(main, [*args, "--group-by", "folder"])
+    assert refused.exit_code != 0 and "folder" in refused.output
+
+
 def test_search_without_any_policy_finds_nothing(runner, warehouse_args):
     runner.invoke(main, ["ingest", str(DEMO_CORPUS), *warehouse_args])
     result = runner.invoke(main, ["search", "press release", "--as", "user:dave", "--tenant", "acme", *warehouse_args])

@@ -644,11 +644,22 @@ def test_a_streamed_body_within_the_limit_is_served(limited, bearer):
         ({"query": "   "}, "query"),
         ({"k": 3}, "query"),
         ({"query": "budget", "mode": "psychic"}, "mode"),
+        ({"query": "budget", "group_by": "folder"}, "group_by"),
+        ({"query": "budget", "group_by": "doc", "per_group": 0}, "per_group"),
+        ({"query": "budget", "distinct": "yes"}, "distinct"),
     ],
 )
 def test_search_arguments_out_of_range_are_422_naming_the_field(as_user, body, field):
     message = error_of(as_user("dave").post("/v1/search", json=body), 422, "invalid_request")
     assert message.startswith(field) or f" {field} " in f" {message} ", message
+
+
+def test_a_search_collapsed_by_document_says_so_in_its_receipt(as_user, demo_warehouse):
+    body = {"query": "quarterly budget", "k": 5, "group_by": "doc", "per_group": 1, "distinct": True}
+    hits = as_user("alice").post("/v1/search", json=body).json()["hits"]
+    assert hits and len({hit["doc_id"] for hit in hits}) == len(hits)
+    receipt = demo_warehouse.audit.query(subject="user:alice")[-1]
+    assert "at most 1 per document, distinct texts" in receipt.reason
 
 
 def test_the_largest_allowed_search_arguments_are_served(as_user):

@@ -116,6 +116,16 @@ async def test_search_returns_only_what_the_bound_user_may_read(demo_warehouse: 
 
 
 @pytest.mark.anyio
+async def test_search_collapses_by_document_when_asked(demo_warehouse: Warehouse) -> None:
+    async with _as(demo_warehouse, ALICE) as alice:
+        found = await _ok(alice, "search", query=FINANCE_QUERY, k=5, group_by="doc", per_group=1, distinct=True)
+        refused = await alice.call_tool("search", {"query": FINANCE_QUERY, "group_by": "folder"})
+    assert found["hits"] and len(_docs(found)) == len(found["hits"])
+    assert "at most 1 per document, distinct texts" in demo_warehouse.audit.query(subject="user:alice")[-1].reason
+    assert refused.is_error
+
+
+@pytest.mark.anyio
 async def test_identity_named_in_arguments_is_ignored(demo_warehouse: Warehouse) -> None:
     async with _as(demo_warehouse, DAVE) as dave:
         plain = await _ok(dave, "search", query=FINANCE_QUERY, k=5)

@@ -174,3 +174,18 @@ def test_each_retrieval_leaves_a_receipt_with_its_purpose(demo_warehouse: Wareho
     receipt = demo_warehouse.audit.query(subject="user:olivia", limit=1)[0]
     assert receipt.operation == "search" and receipt.actor == "agent:langchain" and receipt.purpose == "chain: board memo"
     assert list(receipt.chunk_ids) == [d.id for d in documents]
+
+
+@pytest.mark.parametrize("place", ["in process", "over the service"])
+def test_a_retriever_collapses_by_document_as_the_warehouse_does(
+    demo_warehouse: Warehouse, demo_service_url: str, mint: Callable[..., str], place: str
+) -> None:
+    where: dict[str, Any] = {"warehouse": demo_warehouse, "subject": "user:carol", "tenant": "acme"}
+    if place == "over the service":
+        where = {"url": demo_service_url, "token": mint("carol")}
+    documents = WardenRetriever(**where, k=6, group_by="doc", per_group=1, distinct=True).invoke(LEGAL_QUERY)
+    hits = demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=6, group_by="doc", distinct=True)
+    assert [d.id for d in documents] == [h.chunk_id for h in hits]
+    assert "at most 1 per document, distinct texts" in demo_warehouse.audit.query(subject="user:carol")[-1].reason
+    with pytest.raises((ValidationError, InvalidRequestError), match="per_group"):
+        WardenRetriever(**where, group_by="doc", per_group=0)

@@ -53,3 +53,12 @@ def test_bad_bindings_are_refused(demo_warehouse: Warehouse) -> None:
         WardenRetriever(warehouse=demo_warehouse, tenant="acme")
     with pytest.raises(InvalidRequestError, match="k must be"):
         WardenRetriever(warehouse=demo_warehouse, subject="user:alice", tenant="acme", k=0)
+
+
+def test_a_retriever_collapses_by_document_as_the_warehouse_does(demo_warehouse: Warehouse) -> None:
+    retriever = WardenRetriever(warehouse=demo_warehouse, subject="user:carol", tenant="acme", k=5, group_by="doc", per_group=1)
+    nodes = retriever.retrieve(LEGAL_QUERY)
+    hits = demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=5, group_by="doc")
+    assert [n.node.node_id for n in nodes] == [h.chunk_id for h in hits]
+    with pytest.raises(InvalidRequestError, match="group_by 'folder'"):
+        WardenRetriever(warehouse=demo_warehouse, subject="user:carol", tenant="acme", group_by="folder")  # type: ignore[arg-type]

@@ -17,8 +17,13 @@ README_SERVICE = "http://127.0.0.1:8000"
 
 def readme_example(module: str) -> str:
     """The README's python block that imports ``module``."""
+    return readme_block(f"from {module} import")
+
+
+def readme_block(marker: str) -> str:
+    """The README's one python block that holds ``marker``."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    (block,) = [b for b in blocks if f"from {module} import" in b]
+    (block,) = [b for b in blocks if marker in b]
     return block
 
 
@@ -56,3 +61,20 @@ def test_the_llamaindex_example_runs(run_example: Callable[..., dict[str, Any]],
     nodes = found["nodes"]
     assert len(nodes) == 4 and {n.node.node_id for n in nodes} <= demo_oracle("user:alice", "acme")
     assert all(n.node.node_id in found["printed"] for n in nodes)
+
+
+def test_the_collapse_example_returns_one_chunk_a_document(run_example: Callable[..., dict[str, Any]],
+                                                            demo_warehouse: Warehouse) -> None:  # fmt: skip
+    found = run_example(readme_block('group_by="doc"'))
+    hits = found["hits"]
+    ranked = demo_warehouse.search("Who signs off on the FY27 budget?", subject="user:alice", tenant="acme", k=1000)
+    docs: set[str] = set()
+    texts: set[str] = set()
+    collapsed = []
+    for hit in ranked:  # best first: a hit is kept unless a kept one has its document or its text
+        if hit.doc_id not in docs and hit.text not in texts:
+            collapsed.append(hit.chunk_id)
+            docs.add(hit.doc_id)
+            texts.add(hit.text)
+    assert len(hits) == 5 and [hit.chunk_id for hit in hits] == collapsed[:5]
+    assert str([hit.doc_id for hit in hits]) in found["printed"]
