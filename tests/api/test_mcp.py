@@ -121,7 +121,7 @@ async def test_search_collapses_by_document_when_asked(demo_warehouse: Warehouse
         found = await _ok(alice, "search", query=FINANCE_QUERY, k=5, group_by="doc", per_group=1, distinct=True)
         refused = await alice.call_tool("search", {"query": FINANCE_QUERY, "group_by": "folder"})
     assert found["hits"] and len(_docs(found)) == len(found["hits"])
-    assert "at most 1 per document, distinct texts" in demo_warehouse.audit.query(subject="user:alice")[-1].reason
+    assert "at most 1 per document, distinct texts" in demo_warehouse.audit.query(subject="user:alice", limit=1)[0].reason
     assert refused.is_error
 
 

@@ -186,6 +186,6 @@ def test_a_retriever_collapses_by_document_as_the_warehouse_does(
     documents = WardenRetriever(**where, k=6, group_by="doc", per_group=1, distinct=True).invoke(LEGAL_QUERY)
     hits = demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=6, group_by="doc", distinct=True)
     assert [d.id for d in documents] == [h.chunk_id for h in hits]
-    assert "at most 1 per document, distinct texts" in demo_warehouse.audit.query(subject="user:carol")[-1].reason
+    assert "at most 1 per document, distinct texts" in demo_warehouse.audit.query(subject="user:carol", limit=1)[0].reason
     with pytest.raises((ValidationError, InvalidRequestError), match="per_group"):
         WardenRetriever(**where, group_by="doc", per_group=0)

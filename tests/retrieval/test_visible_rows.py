@@ -189,3 +189,18 @@ def test_a_held_row_whose_tags_changed_is_checked_and_shown_with_its_current_tag
     again = top_hit()
     assert again.chunk_id == first.chunk_id and held.retags == 1
     assert again.labels == (label,)
+
+
+def test_many_rows_new_to_a_held_set_are_read_with_the_whole_set(
+    indexed_warehouse: Warehouse, small_world: World, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("ragwarden.retrieval.search.RETAG_MAX_IN_LIST", 2)  # past it: no IN list of the new ids
+    held = _flat(indexed_warehouse, 64 * 2**20)
+    reader = small_world.subjects[0.5]
+    _search(held, indexed_warehouse, reader, small_world.rows.vectors[0])
+    added = new_rows(small_world, 5, group_of(indexed_warehouse, reader), seed=9)
+    append_rows(indexed_warehouse.store, added)
+    fresh = _flat(indexed_warehouse, 64 * 2**20)
+    for vector in added.vectors:
+        assert _search(held, indexed_warehouse, reader, vector) == _search(fresh, indexed_warehouse, reader, vector)
+    assert held.retags == 1
