@@ -366,8 +366,15 @@ class _Prepared:
 
     @classmethod
     def of(cls, receipt: Receipt) -> _Prepared:
+        """Refuses, on the caller's own thread, a receipt whose payload is not UTF-8 text (a lone
+        surrogate in ``details``), so it fails alone rather than the batch committed with it."""
         columns = _columns_of(receipt)
-        return cls(receipt=receipt, columns=columns, parts=_payload_parts(columns, _UNPLACED))
+        parts = _payload_parts(columns, _UNPLACED)
+        try:
+            "".join(parts.values()).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(f"receipt is not valid Unicode text ({exc.reason} at {exc.start}); it was not recorded") from None
+        return cls(receipt=receipt, columns=columns, parts=parts)
 
 
 def _checkpoint_payload(root: str, moment: datetime, receipts: int, heads: Sequence[ChainHead]) -> bytes:

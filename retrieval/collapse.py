@@ -22,7 +22,9 @@ from .hits import Hit
 GroupBy = Literal["doc"]
 GROUP_BYS: tuple[str, ...] = ("doc",)
 MAX_DEPTH = 10_000
-"""The most rows a collapsing search ranks; past it, fewer than k hits may be returned."""
+DEPTH_PER_K = 64
+"""A collapsing search ranks at most ``DEPTH_PER_K`` * k rows (and never more than ``MAX_DEPTH``), so
+one request costs a few searches at most; past that, fewer than k hits may be returned."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +73,13 @@ class Collapse:
 
     def depths(self, k: int) -> Iterable[int]:
         """How many rows to rank, in turn, for ``k`` hits to be kept: 4k, then four times more, up
-        to ``MAX_DEPTH`` (and at least k)."""
+        to ``DEPTH_PER_K`` * k or ``MAX_DEPTH``, whichever is less (and at least k)."""
+        limit = max(k, min(MAX_DEPTH, DEPTH_PER_K * k))
         depth = k
         while True:
-            depth = min(MAX_DEPTH, max(k, depth * 4))
+            depth = min(limit, depth * 4)
             yield depth
-            if depth >= MAX_DEPTH:
+            if depth >= limit:
                 return
 
 

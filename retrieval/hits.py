@@ -14,9 +14,13 @@ RESULT_COLUMNS = [
     "acl_clauses", "labels", "classification", "doc_version", "position",
 ]  # fmt: skip
 """The columns a hit is made from."""
-CONTENT_COLUMNS = [name for name in RESULT_COLUMNS if name not in TAG_COLUMNS]
-"""What a row says, as opposed to who may read it: fixed for a ``chunk_id`` (ids name the text and
-version they were made from), where tags change with every sync."""
+CURRENT_COLUMNS = ("source_uri", *TAG_COLUMNS)
+"""What is read anew at every table version rather than held: who may read a row (its tags, which
+every sync changes) and where its document lives (a re-ingest under a new uri keeps the chunk ids,
+which hash the text)."""
+CONTENT_COLUMNS = [name for name in RESULT_COLUMNS if name not in CURRENT_COLUMNS]
+"""What a row says, fixed for a ``chunk_id`` (ids name the text and version they were made from):
+held by the serving index and by held scans across versions."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)  # slots: built once per result, on the hot path

@@ -31,7 +31,7 @@ from ..stages import stage
 from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
 from .collapse import NO_COLLAPSE, Collapse
 from .fusion import reciprocal_rank_fusion
-from .hits import RESULT_COLUMNS, Hit
+from .hits import CURRENT_COLUMNS, RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
 from .serving import ServingIndex
 from .visible_rows import VisibleRowCache, VisibleRows
@@ -298,11 +298,15 @@ class Searcher:
             return SearchResult(hits=[], withheld=0, table_version=self.store.chunks_version, policy_version=None)
         if not collapse.active:
             return self._answer(query, query_vector, policy, caller, k, mode)
+        ranked = -1
         for depth in collapse.depths(k):
             found = self._answer(query, query_vector, policy, caller, depth, mode)
             kept = collapse.apply(found.hits, k)
-            if len(kept) == k or len(found.hits) < depth:  # enough, or no row left to rank
+            # enough; or a deeper ranking brought no more rows (an approximate plan may return fewer
+            # than asked while rows remain, so one short answer alone does not end the search)
+            if len(kept) == k or len(found.hits) <= ranked:
                 break
+            ranked = len(found.hits)
         return SearchResult(hits=kept, withheld=found.withheld, table_version=found.table_version,
                             policy_version=found.policy_version)  # fmt: skip
 
@@ -463,7 +467,7 @@ class Searcher:
             since = self._flat_read.get(where)
         before = self.visible.peek((where, since)) if since is not None and since < version else None
         if isinstance(before, VisibleRows):
-            current = self.store.read_at(version, where, ["chunk_id", *TAG_COLUMNS])
+            current = self.store.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
             if current is None:
                 return None
             visible = before.retagged(current, lambda ids: self._read_rows(where, version, ids, columns))

@@ -28,8 +28,7 @@ from pyarrow import ipc
 from ..governance.sql import sql_in_list
 from ..state import Store
 from ..state.files import RESIDENT_INDEX
-from ..state.schema import TAG_COLUMNS
-from .hits import CONTENT_COLUMNS, RESULT_COLUMNS
+from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
 from .resident import ResidentIndex, resident_bytes
 from .visible_rows import unit_vectors
 
@@ -63,7 +62,7 @@ class ResidentView:
     index: ResidentIndex
     bitmap: np.ndarray
     visible: int
-    tags: pa.Table  # TAG_COLUMNS of the visible rows the index holds
+    tags: pa.Table  # CURRENT_COLUMNS (tags, uri) of the visible rows the index holds
     tag_row: np.ndarray  # (index rows,) each position's row of ``tags``, -1 for none
     fresh: pa.Table  # RESULT_COLUMNS of the visible rows it does not hold
     fresh_vectors: np.ndarray
@@ -126,7 +125,7 @@ class ServingIndex:
     def view(self, index: ResidentIndex, where: str, version: int) -> ResidentView | None:
         """The rows ``where`` admits at ``version`` as ``index`` sees them; None when the table has
         moved on, or too many visible rows are missing from the index (a rebuild then starts)."""
-        visible = self._store.read_at(version, where, ["chunk_id", *TAG_COLUMNS])
+        visible = self._store.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
         if visible is None:
             return None
         positions = index.positions(visible.column("chunk_id"))
@@ -145,7 +144,7 @@ class ServingIndex:
                 return None
             vectors, usable = unit_vectors(rows.column("vector"), index.graph.d)
             fresh, fresh_vectors = rows.select(RESULT_COLUMNS).filter(pa.array(usable)), vectors[usable]
-        tags = visible.filter(pa.array(held)).select(list(TAG_COLUMNS)).combine_chunks()
+        tags = visible.filter(pa.array(held)).select(list(CURRENT_COLUMNS)).combine_chunks()
         tag_row = np.full(index.rows, -1, dtype=np.int64)
         tag_row[positions[held]] = np.arange(tags.num_rows)
         return ResidentView(index=index, bitmap=index.bitmap(positions[held]),

@@ -154,6 +154,19 @@ def test_stored_receipt_reads_back_as_append_returned_it(db: Any, receipt: Calla
     assert read.chunk_labels == {"c1": ("finance",), "c2": ("finance", "internal")}
 
 
+def test_a_receipt_that_is_not_unicode_text_fails_alone_and_the_log_goes_on(db: Any, receipt: Callable[..., Receipt]) -> None:
+    """A lone surrogate in details (possible from the Python API) is refused on its caller's thread,
+    never inside a group commit, where it would fail every receipt of the batch."""
+    log = log_of(db)
+    with ThreadPoolExecutor(8) as pool:
+        good = [pool.submit(log.append, receipt(subject=f"user:u{i}")) for i in range(8)]
+        bad = pool.submit(log.append, receipt(details={"asked": "\ud800"}))
+        with pytest.raises(InvalidRequestError, match="not valid Unicode"):
+            bad.result(30)
+        assert all(future.result(30).seq >= 1 for future in good)
+    assert log.count() == 8 and log.verify().ok
+
+
 def test_query_fingerprint_is_the_sha256_of_the_query_and_derived_when_missing(receipt: Callable[..., Receipt]) -> None:
     assert fingerprint("quarterly revenue") == hashlib.sha256(b"quarterly revenue").hexdigest()
     assert receipt().query_fingerprint == fingerprint("quarterly revenue")

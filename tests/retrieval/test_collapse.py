@@ -93,3 +93,10 @@ def test_the_receipt_says_how_the_answer_was_collapsed(licence_copies_warehouse:
 def test_a_malformed_collapse_is_refused_naming_it(licence_copies_warehouse: Warehouse, collapse: dict[str, Any], named: str):
     with pytest.raises(InvalidRequestError, match=named):
         _search(licence_copies_warehouse, 3, **collapse)
+
+
+def test_a_collapsing_search_ranks_at_most_64k_rows_in_three_rounds():
+    from ragwarden.retrieval.collapse import Collapse
+
+    assert list(Collapse(distinct=True).depths(10)) == [40, 160, 640]
+    assert list(Collapse(group_by="doc").depths(1000)) == [4000, 10_000]

@@ -126,8 +126,8 @@ def test_a_failed_shared_read_is_tried_again_by_the_searches_that_waited_for_it(
         assert second.result(10).rows.num_rows == 10
 
 
-def _retag(warehouse: Warehouse, chunk_ids: list[str], column: str, value: list[str]) -> None:
-    """A sync's kind of commit: one tag column of the rows rewritten, their text and vector untouched."""
+def _retag(warehouse: Warehouse, chunk_ids: list[str], column: str, value: object) -> None:
+    """A commit rewriting one column of the rows (a sync's tags, a re-ingest's uri), their text and vector untouched."""
     schema = warehouse.store.chunks_schema
     columns = pa.schema([schema.field("chunk_id"), schema.field(column)])
     warehouse.store.replace_columns(pa.table({"chunk_id": chunk_ids, column: [value] * len(chunk_ids)}, schema=columns))
@@ -204,3 +204,15 @@ def test_many_rows_new_to_a_held_set_are_read_with_the_whole_set(
     for vector in added.vectors:
         assert _search(held, indexed_warehouse, reader, vector) == _search(fresh, indexed_warehouse, reader, vector)
     assert held.retags == 1
+
+
+def test_a_held_row_whose_document_moved_shows_its_new_uri(indexed_warehouse: Warehouse, small_world: World):
+    """A re-ingest under a new uri keeps the chunk ids (they hash the text) and rewrites source_uri."""
+    held = _flat(indexed_warehouse, 64 * 2**20)
+    reader = small_world.subjects[0.5]
+    caller = Caller(subject=reader, tenant=TENANT)
+    vector = small_world.rows.vectors[0]
+    first = held.search("q", policy=indexed_warehouse.policy, caller=caller, k=K, vector=vector).hits[0]
+    _retag(indexed_warehouse, [first.chunk_id], "source_uri", "s3://moved/elsewhere")
+    again = held.search("q", policy=indexed_warehouse.policy, caller=caller, k=K, vector=vector).hits[0]
+    assert again.chunk_id == first.chunk_id and again.source_uri == "s3://moved/elsewhere" and held.retags == 1
