@@ -323,9 +323,10 @@ _CHAINED = (*_LEGACY_CHAINED, "chain")
 legacy receipt's: all of those but the chain it does not have)."""
 
 
-def _payload_parts(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
-    """Each of ``names`` as it appears in a hash payload: ``"name":value`` in canonical JSON (a
-    tuple as a list, ``time`` as integer microseconds, UTC)."""
+def _payload_parts(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, bytes]:
+    """Each of ``names`` as it appears in a hash payload: ``"name":value`` in canonical JSON, UTF-8
+    (a tuple as a list, ``time`` as integer microseconds, UTC). UnicodeEncodeError for a value that
+    is not text (a lone surrogate)."""
     parts = {}
     for name in names:
         value = row[name]
@@ -333,15 +334,15 @@ def _payload_parts(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, st
             value = _micros(value)
         elif isinstance(value, tuple):
             value = list(value)
-        parts[name] = f"{_canonical_json(name)}:{_canonical_json(value)}"
+        parts[name] = f"{_canonical_json(name)}:{_canonical_json(value)}".encode("utf-8")
     return parts
 
 
-def _joined_payload(parts: Mapping[str, str], *, legacy: bool) -> bytes:
+def _joined_payload(parts: Mapping[str, bytes], *, legacy: bool) -> bytes:
     """The canonical JSON object of ``parts`` (keys sorted, as ``_canonical_json`` spells a dict),
     after the hash domain."""
-    body = "{" + ",".join(parts[name] for name in sorted(parts)) + "}"
-    return (_HASH_DOMAIN if legacy else _HASH_DOMAIN_CHAINED) + body.encode("utf-8")
+    body = b",".join(parts[name] for name in sorted(parts))
+    return (_HASH_DOMAIN if legacy else _HASH_DOMAIN_CHAINED) + b"{" + body + b"}"
 
 
 def _hash_payload(row: Mapping[str, Any]) -> bytes:
@@ -362,18 +363,19 @@ class _Prepared:
 
     receipt: Receipt
     columns: dict[str, Any]
-    parts: dict[str, str]
+    parts: dict[str, bytes]
 
     @classmethod
     def of(cls, receipt: Receipt) -> _Prepared:
         """Refuses, on the caller's own thread, a receipt whose payload is not UTF-8 text (a lone
         surrogate in ``details``), so it fails alone rather than the batch committed with it."""
         columns = _columns_of(receipt)
-        parts = _payload_parts(columns, _UNPLACED)
         try:
-            "".join(parts.values()).encode("utf-8")
+            parts = _payload_parts(columns, _UNPLACED)
         except UnicodeEncodeError as exc:
-            raise InvalidRequestError(f"receipt is not valid Unicode text ({exc.reason} at {exc.start}); it was not recorded") from None
+            raise InvalidRequestError(
+                f"receipt is not valid Unicode text ({exc.reason} at {exc.start}); it was not recorded"
+            ) from None
         return cls(receipt=receipt, columns=columns, parts=parts)
 
 

@@ -10,7 +10,6 @@ them all, and the search ranks deeper until k are kept or no row is left.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,18 +55,17 @@ class Collapse:
     def apply(self, ranked: Iterable[Hit], k: int) -> list[Hit]:
         """The first ``k`` of ``ranked`` (best first) that the hits kept before them leave room for."""
         per_doc: Counter[str] = Counter()
-        texts: set[bytes] = set()
+        texts: set[str] = set()
         kept: list[Hit] = []
         for hit in ranked:
             if len(kept) == k:
                 break
             if self.group_by == "doc" and per_doc[hit.doc_id] >= self.per_group:
                 continue
-            digest = hashlib.sha256(hit.text.encode("utf-8", "surrogatepass")).digest() if self.distinct else b""
-            if self.distinct and digest in texts:
+            if self.distinct and hit.text in texts:
                 continue
             per_doc[hit.doc_id] += 1
-            texts.add(digest)
+            texts.add(hit.text)
             kept.append(hit)
         return kept
 

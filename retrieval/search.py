@@ -16,7 +16,6 @@ from typing import Any, Generic, Literal, TypeVar, get_args
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..config import Settings
 from ..embedder import Embedder
@@ -25,7 +24,6 @@ from ..governance.appender import GroupCommit
 from ..governance.caller import Caller
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
-from ..governance.sql import sql_in_list
 from ..governance.visibility import check_row
 from ..stages import stage
 from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
@@ -55,7 +53,6 @@ PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
 VIEWS_KEPT = 4096
 FLAT_FILTERS_KEPT = 4096  # filters whose newest read version is remembered (to re-tag their rows after a commit)
-RETAG_MAX_IN_LIST = 2_000  # rows new to a held set read by an IN list up to this many, else with every admitted row
 QUERY_BATCH = 64
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 
@@ -470,7 +467,7 @@ class Searcher:
             current = self.store.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
             if current is None:
                 return None
-            visible = before.retagged(current, lambda ids: self._read_rows(where, version, ids, columns))
+            visible = before.retagged(current, lambda ids: self.store.read_rows_at(version, where, ids, columns))
             self.retags += visible is not None
         else:
             table = self.store.read_at(version, where, columns)
@@ -484,14 +481,6 @@ class Searcher:
             while len(self._flat_read) > FLAT_FILTERS_KEPT:
                 self._flat_read.popitem(last=False)
         return visible
-
-    def _read_rows(self, where: str, version: int, chunk_ids: list[str], columns: list[str]) -> pa.Table | None:
-        """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if the table moved
-        on): by an IN list, or past ``RETAG_MAX_IN_LIST`` ids by reading every admitted row once."""
-        if len(chunk_ids) <= RETAG_MAX_IN_LIST:
-            return self.store.read_at(version, f"({where}) AND chunk_id IN {sql_in_list(chunk_ids)}", columns)
-        table = self.store.read_at(version, where, columns)
-        return None if table is None else table.filter(pc.is_in(table.column("chunk_id"), value_set=pa.array(chunk_ids)))
 
     def nprobes(self, where: str, version: int) -> int:
         """IVF partitions to probe: enough that about ``PROBED_VISIBLE_ROWS`` visible rows lie in

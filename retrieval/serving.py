@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import ipc
 
-from ..governance.sql import sql_in_list
 from ..state import Store
 from ..state.files import RESIDENT_INDEX
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
@@ -137,9 +136,7 @@ class ServingIndex:
             return None
         fresh, fresh_vectors = pa.table({}), np.empty((0, index.graph.d), dtype=np.float32)
         if missing:
-            rows = self._store.read_at(
-                version, f"({where}) AND chunk_id IN {sql_in_list(missing)}", [*RESULT_COLUMNS, "vector"]
-            )
+            rows = self._store.read_rows_at(version, where, missing, [*RESULT_COLUMNS, "vector"])
             if rows is None:
                 return None
             vectors, usable = unit_vectors(rows.column("vector"), index.graph.d)

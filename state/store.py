@@ -60,6 +60,9 @@ from .tables import connect, damaged_files, declare_primary_key, local_path, nam
 
 T = TypeVar("T")
 DOCUMENT_KEY = ("tenant", "doc_id")
+IN_LIST_MAX_IDS = 2_000
+"""Rows read by id with an IN list up to this many ids; past it, every admitted row is read once
+and filtered (a filter of thousands of literals costs more than the scan)."""
 DocumentKey = tuple[str, str]
 """(tenant, doc id): a document id names a document only within its tenant, so one tenant's ids
 tell nothing of another's (two tenants may each hold a document ``report-1``)."""
@@ -427,6 +430,14 @@ class Store:
         if version is not None and dataset.version != version:
             return None
         return dataset.to_table(columns=list(columns), filter=where)
+
+    def read_rows_at(self, version: int, where: str, chunk_ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
+        """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if the table moved
+        on): by an IN list, or past ``IN_LIST_MAX_IDS`` ids by reading every admitted row once."""
+        if len(chunk_ids) <= IN_LIST_MAX_IDS:
+            return self.read_at(version, f"({where}) AND chunk_id IN {sql_in_list(chunk_ids)}", columns)
+        table = self.read_at(version, where, columns)
+        return None if table is None else table.filter(pc.is_in(table.column("chunk_id"), value_set=pa.array(chunk_ids)))
 
     def read_latest(self, columns: Sequence[str]) -> tuple[int, pa.Table]:
         """Every row's ``columns`` at the latest version, and that version (the serving index's

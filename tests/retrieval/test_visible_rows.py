@@ -194,7 +194,7 @@ def test_a_held_row_whose_tags_changed_is_checked_and_shown_with_its_current_tag
 def test_many_rows_new_to_a_held_set_are_read_with_the_whole_set(
     indexed_warehouse: Warehouse, small_world: World, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr("ragwarden.retrieval.search.RETAG_MAX_IN_LIST", 2)  # past it: no IN list of the new ids
+    monkeypatch.setattr("ragwarden.state.store.IN_LIST_MAX_IDS", 2)  # past it: no IN list of the new ids
     held = _flat(indexed_warehouse, 64 * 2**20)
     reader = small_world.subjects[0.5]
     _search(held, indexed_warehouse, reader, small_world.rows.vectors[0])
