@@ -7,6 +7,10 @@ index was built: ``test_indexed_search.py``, with every plan.)"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -144,3 +148,35 @@ def test_ragwarden_optimize_stores_the_artifact_of_a_table_with_a_vector_index(i
     assert f"serving index of {indexed_warehouse.store.count()} rows at version {version} stored" in result.output
     loaded = serving.load_artifact(indexed_warehouse.store)
     assert loaded is not None and loaded.version == version
+
+
+@pytest.mark.slow  # a second process loads the artifact: about ten seconds
+def test_a_revocation_by_one_process_applies_at_the_next_search_of_a_replica_process(
+    indexed_warehouse: Warehouse, small_world: World
+) -> None:
+    """Two processes on one warehouse: a replica answering from the serving index it loaded, and
+    a writer taking a row from the reader. The replica's next search never returns the row."""
+    stored = serving.store_artifact(indexed_warehouse.store)
+    assert stored is not None
+    support = Path(__file__).resolve().parents[1] / "support"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")])}
+    reader, vector = small_world.subjects[0.5], queries(small_world, 1, seed=11)[0]
+    line = f"{reader} {TENANT} {','.join(repr(float(x)) for x in vector)}\n"
+    with subprocess.Popen([sys.executable, str(support / "serving_replica.py"), indexed_warehouse.uri], env=env,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as replica:  # fmt: skip
+        assert replica.stdin is not None and replica.stdout is not None
+
+        def ask() -> dict:
+            replica.stdin.write(line)
+            replica.stdin.flush()
+            return json.loads(replica.stdout.readline())
+
+        assert json.loads(replica.stdout.readline())["loaded"] == stored.version
+        before = ask()
+        assert before["plan"] == "resident" and len(before["ids"]) == K
+        first = before["ids"][0]
+        raw_table(indexed_warehouse.store).update(where=f"chunk_id = '{first}'", values={"tenant": "elsewhere"})
+        after = ask()
+        replica.stdin.close()
+        assert replica.wait(30) == 0
+    assert first not in after["ids"] and len(after["ids"]) == K
