@@ -308,6 +308,12 @@ class Embedder:
             return int(self.model.max_seq_length)
         return int(self._st_config["max_seq_length"])
 
+    @property
+    def model_id(self) -> str:
+        """The model alone, whatever the backend: what a warehouse records, and what vectors
+        brought in must have been made by."""
+        return MODEL_NAME
+
     @cached_property
     def name(self) -> str:
         """The model as recorded on every chunk; a non-torch backend is named, since its vectors differ slightly."""

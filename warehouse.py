@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from .config import INGEST_ENGINES, IngestEngineName, Settings
 from .embedder import MODEL_NAME, Embedder
-from .errors import InvalidPolicyError, InvalidRequestError, InvalidSourceError, NotFoundError, PermissionDeniedError
+from .errors import ConfigurationError, InvalidPolicyError, InvalidRequestError, InvalidSourceError, NotFoundError, PermissionDeniedError
 from .gate import ANY_TENANT, OPERATOR, Need, Permission, PermissionGate
 from .governance.audit import AuditLog, ChainReport, StoredReceipt, fingerprint
 from .governance.caller import Caller
@@ -33,6 +33,7 @@ from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
 from .retrieval.collapse import Collapse
 from .retrieval.hits import Hit
+from .retrieval.narrowing import Narrowing, narrowing
 from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, access_review, inventory
 from .retrieval.search import Searcher, SearchResult, require_reader
@@ -56,6 +57,7 @@ class Warehouse:
         self.settings = settings
         self.embedder = embedder or Embedder.from_settings(settings)
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options)
+        self._check_embedding_model()
         self.audit = AuditLog(self.store.audit_table, key=settings.audit_key)
         self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
         if settings.policy:
@@ -68,6 +70,18 @@ class Warehouse:
         self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes,
                                   resident_index_bytes=settings.resident_index_mb * 2**20)  # fmt: skip
         self._lifecycle = Lifecycle(self.store, self.embedder)
+
+    def _check_embedding_model(self) -> None:
+        """Record the embedder's model in a warehouse that has none recorded; refuse one whose
+        vectors another model made, naming both (its queries would be embedded by the wrong model)."""
+        recorded, configured = self.store.embedding_model, self.embedder.model_id
+        if recorded is None:
+            self.store.record_embedding_model(configured)
+        elif recorded != configured:
+            raise ConfigurationError(
+                f"warehouse {self.settings.warehouse!r} holds vectors made by {recorded!r}; this process embeds "
+                f"with {configured!r}, whose vectors do not compare with them: open it with {recorded!r}"
+            )
 
     def optimize(self) -> dict[str, Any]:
         """Build the tables' indexes, compact and tidy them (``Store.optimize``), then store the
@@ -312,26 +326,39 @@ class Warehouse:
         group_by: str | None = None,
         per_group: int = 1,
         distinct: bool = False,
+        filter: Mapping[str, Any] | None = None,  # the name LangChain and Chroma users know
+        vector_model: str | None = None,
     ) -> list[Hit]:
         """The best ``k`` chunks the caller may read in its tenant (fewer only if fewer are visible).
 
         The caller is ``caller`` whole (a verified ``Identity``, say), or ``subject`` in ``tenant``
         with ``actor``, the agent acting for the subject (it gets exactly the subject's visibility).
-        ``vector``: the query's embedding, when the caller computed it already.
+        ``vector``: the query's embedding, when the caller computed it already; ``vector_model``,
+        the model that did (refused unless it is the warehouse's).
         ``min_version``: refuse to answer from a table older than this version (read-your-writes).
         ``group_by="doc"``: at most ``per_group`` chunks of one document; ``distinct``: one chunk of
         each text (byte for byte), so copies of one licence do not fill the answer.
+        ``filter``: only chunks it matches, e.g. ``{"year": {"$gte": 2020}}`` (see
+        ``retrieval.narrowing``); it narrows what the caller may read, never widens it.
         """
         who = _required(caller, subject, tenant, actor, Operation.SEARCH)
         require_reader(who)
         self.store.require_version(min_version)
         collapse = Collapse(group_by=group_by, per_group=per_group, distinct=distinct)  # type: ignore[arg-type] - checked there
+        narrow = narrowing(filter)
+        if vector is not None and vector_model is not None and vector_model != self.embedder.model_id:
+            raise InvalidRequestError(
+                f"vector_model {vector_model!r} is not this warehouse's model {self.embedder.model_id!r}: "
+                "its vectors do not compare with the warehouse's; embed the query with the warehouse's model"
+            )
+        how = ", ".join(part for part in (mode, collapse.describe(), "filtered" if narrow else "") if part)
 
         def describe(found: SearchResult) -> dict[str, Any]:
             hits = found.hits
             return {
                 "purpose": purpose,
-                "reason": f"{len(hits)} of k={k} ({', '.join(filter(None, (mode, collapse.describe())))})",
+                "reason": f"{len(hits)} of k={k} ({how})",
+                "details": self._filter_details(narrow),
                 "query_fingerprint": fingerprint(query),
                 "query": query if self.settings.audit_raw_queries else None,
                 "chunk_ids": tuple(h.chunk_id for h in hits),
@@ -346,11 +373,20 @@ class Warehouse:
             who,
             Need.READ,
             lambda permission: self._searcher.search(
-                query, policy=permission.policy, caller=who, k=k, mode=mode, vector=vector, collapse=collapse
+                query, policy=permission.policy, caller=who, k=k, mode=mode, vector=vector, collapse=collapse,
+                narrowing=narrow,
             ),
             describe,
         )
         return found.hits
+
+    def _filter_details(self, narrow: Narrowing | None) -> dict[str, Any]:
+        """What a search receipt keeps of its filter: a fingerprint, and the filter itself where the
+        warehouse keeps raw queries (a filter's values can say as much as the query)."""
+        if narrow is None:
+            return {}
+        kept = {"filter_fingerprint": fingerprint(narrow.describe())}
+        return {**kept, "filter": dict(narrow.expression)} if self.settings.audit_raw_queries else kept
 
     def get_chunk(
         self,

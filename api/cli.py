@@ -15,8 +15,10 @@ from ..config import INGEST_ENGINES, Settings
 from ..governance.policy import Policy
 from ..ingest.lifecycle import DERIVED_KINDS
 from ..retrieval.collapse import GROUP_BYS
+from ..retrieval.narrowing import FILTER_DESCRIPTION
 from ..retrieval.search import MAX_K, MODES
 from ..warehouse import Warehouse
+from .cli_options import JsonObject
 from .cli_options import common_options as _common_options
 
 
@@ -90,16 +92,18 @@ def ingest(
 @click.option("--group-by", type=click.Choice(GROUP_BYS), default=None, help="doc: at most --per-group chunks of one document.")
 @click.option("--per-group", default=1, show_default=True, type=click.IntRange(1, MAX_K), help="With --group-by: chunks per document.")
 @click.option("--distinct", is_flag=True, help="One chunk of each text: byte-identical copies collapse to the best.")
+@click.option("--filter", "narrow", type=JsonObject(), default=None, help=f"JSON. {FILTER_DESCRIPTION}")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_common_options
 def search(
     query: str, subject: str, tenant: str, k: int, mode: str, group_by: str | None, per_group: int, distinct: bool,
-    as_json: bool, settings: Settings,
+    narrow: dict[str, Any] | None, as_json: bool, settings: Settings,
 ) -> None:  # fmt: skip
     """Search as SUBJECT in TENANT: the best k chunks that subject may read."""
     hits = Warehouse(settings).search(
-        query, subject=subject, tenant=tenant, k=k, mode=mode, group_by=group_by, per_group=per_group, distinct=distinct
-    )
+        query, subject=subject, tenant=tenant, k=k, mode=mode, group_by=group_by, per_group=per_group, distinct=distinct,
+        filter=narrow,
+    )  # fmt: skip
     if as_json:
         click.echo(json.dumps([hit.as_dict() for hit in hits], indent=2, ensure_ascii=False))
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -35,3 +36,20 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
             raise click.ClickException(str(exc)) from exc
 
     return wrapper
+
+
+class JsonObject(click.ParamType):
+    """An option whose value is a JSON object (a search's ``--filter``)."""
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            self.fail(f"{value!r} is not JSON: {exc.msg} at character {exc.pos}", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail(f"{value!r} is JSON but not an object such as '{{\"year\": 2020}}'", param, ctx)
+        return parsed

@@ -147,7 +147,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         """The best k chunks the caller may read, with the context manifest of what they are."""
         hits = warehouse.search(
             body.query, caller=identity, k=body.k, mode=body.mode, min_version=body.min_version, purpose=body.purpose,
-            group_by=body.group_by, per_group=body.per_group, distinct=body.distinct,
+            group_by=body.group_by, per_group=body.per_group, distinct=body.distinct, filter=body.filter,
         )  # fmt: skip
         return SearchResponse(
             hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(ContextManifest.of(hits)), took_ms=measured()

@@ -17,6 +17,7 @@ from ..ingest.pipeline import IngestReport
 from ..retrieval.collapse import GroupBy
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
+from ..retrieval.narrowing import FILTER_DESCRIPTION
 from ..retrieval.review import AccessReview
 from ..retrieval.search import MAX_K, MAX_QUERY_CHARS, Mode
 
@@ -40,6 +41,7 @@ class SearchRequest(Request):
     group_by: GroupBy | None = Field(None, description='"doc": at most per_group chunks of one document.')
     per_group: int = Field(1, ge=1, le=MAX_K, description="With group_by: how many chunks of one document at most.")
     distinct: StrictBool = Field(False, description="One chunk of each text: byte-identical copies collapse to the best.")
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION)
 
     @field_validator("k", "min_version", "per_group", mode="before")
     @classmethod
@@ -90,6 +92,7 @@ class HitModel(BaseModel):
     parents: list[str]
     table_version: int
     policy_version: str
+    metadata: dict[str, Any] = Field(default_factory=dict, description="the source record's metadata")
 
     @classmethod
     def of(cls, hit: Hit) -> HitModel:

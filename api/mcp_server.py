@@ -45,6 +45,7 @@ from ..ingest.lifecycle import MAX_DERIVED_CHARS
 from ..retrieval.collapse import GroupBy
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
+from ..retrieval.narrowing import FILTER_DESCRIPTION
 from ..retrieval.search import MAX_K, MAX_QUERY_CHARS, Mode
 from ..warehouse import Warehouse
 from .http_models import MAX_ID_CHARS, MAX_PARENTS, DerivedModel, ExplanationModel, HitModel, Level, ManifestModel
@@ -308,12 +309,13 @@ def build_mcp_server(
         group_by: Annotated[GroupBy | None, Field(description='"doc": at most per_group chunks of one document.')] = None,
         per_group: Annotated[int, Field(ge=1, le=MAX_K, description="With group_by: chunks per document.")] = 1,
         distinct: Annotated[bool, Field(strict=True, description="One chunk of each text (copies collapse).")] = False,
+        filter: Annotated[dict[str, Any] | None, Field(description=FILTER_DESCRIPTION)] = None,
     ) -> SearchResult:
         """The best k chunks the calling user may read, with their labels and classification."""
         who, handle = await begin(ctx, session_id)
         hits = await run(
             lambda: warehouse.search(query, caller=who, k=k, mode=mode, purpose=purpose, group_by=group_by,
-                                     per_group=per_group, distinct=distinct)  # fmt: skip
+                                     per_group=per_group, distinct=distinct, filter=filter)  # fmt: skip
         )
         return SearchResult(
             hits=[HitModel.of(h) for h in hits],

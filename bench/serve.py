@@ -17,12 +17,15 @@ row of a full scan): one it does not admit is a leak.
 corpus under new ids, readable by no caller: any of them in an answer is a leak). ``world100k`` is
 the synthetic 100,000-row world of ``make bench`` (vectors drawn around cluster centres, so its
 answers measure cost, not relevance). ``--keep DIR`` builds the warehouse there once and reuses it.
+``--filter JSON`` sends a narrowing filter with every search (the world's rows carry
+``{"bucket": row % 100}``); a hit the filter does not match counts as a leak too.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -43,6 +46,7 @@ import jwt
 from ..config import Settings
 from ..governance.visibility import check_row
 from ..policies import policy_file
+from ..retrieval.narrowing import narrowing
 from ..state import TAG_COLUMNS
 from ..warehouse import Warehouse
 from . import scifact, world
@@ -203,7 +207,18 @@ def _readable(warehouse: Warehouse, sub: str, tenant: str) -> frozenset[str]:
     return frozenset(row["chunk_id"] for row in rows if check_row(policy, f"user:{sub}", tenant, row, registry).allowed)
 
 
-def _drive(urls: list[str], sub: str, tenant: str, clients: int, seconds: float, readable: frozenset[str]) -> dict[str, Any]:
+def _matching(warehouse: Warehouse, narrow: dict[str, Any] | None) -> frozenset[str] | None:
+    """The rows a narrowing filter matches, by its SQL over a full scan (None: no filter)."""
+    compiled = narrowing(narrow)
+    if compiled is None:
+        return None
+    return frozenset(row["chunk_id"] for row in warehouse.store.rows_where(compiled.sql, ["chunk_id"]))
+
+
+def _drive(
+    urls: list[str], sub: str, tenant: str, clients: int, seconds: float, readable: frozenset[str],
+    narrow: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """``clients`` threads, each one search in flight at a time, for ``seconds``; a hit outside
     ``readable`` is a leak."""
     latencies: list[float] = []
@@ -224,7 +239,8 @@ def _drive(urls: list[str], sub: str, tenant: str, clients: int, seconds: float,
                 n += 1
                 began = time.perf_counter()
                 try:
-                    answer = http.post(f"{urls[n % len(urls)]}/v1/search", json={"query": QUERIES[n % len(QUERIES)], "k": 10})
+                    body = {"query": QUERIES[n % len(QUERIES)], "k": 10, **({"filter": narrow} if narrow else {})}
+                    answer = http.post(f"{urls[n % len(urls)]}/v1/search", json=body)
                 except httpx.TransportError:
                     with lock:
                         counts["errors"] += 1
@@ -268,7 +284,7 @@ def _audit_size(folder: Path) -> int:
 
 def run(
     corpus: str, clients: list[int], seconds: float, replicas: int, workdir: Path, data: Path, *,
-    ingest: bool = False, keep: Path | None = None, workers: int = 1,
+    ingest: bool = False, keep: Path | None = None, workers: int = 1, narrow: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     if ingest and corpus == "world100k":
         raise SystemExit("--ingest needs a corpus of documents (demo or scifact); the world's rows are synthetic")
@@ -282,10 +298,12 @@ def run(
     try:
         for caller, (sub, tenant) in CALLERS[corpus].items():
             readable = _readable(warehouse, sub, tenant)
+            matching = _matching(warehouse, narrow)
+            readable = readable if matching is None else readable & matching
             for count in clients:
                 before = (warehouse.audit.count(), _commits(folder), warehouse.store.latest_chunks_version())
                 with _Ingest(warehouse, records) if ingest else contextlib.nullcontext() as running:
-                    found = _drive(urls, sub, tenant, count, seconds, readable)
+                    found = _drive(urls, sub, tenant, count, seconds, readable, narrow)
                 receipts = warehouse.audit.count() - before[0]
                 commits = _commits(folder) - before[1]
                 ingested = running.documents / running.seconds if running is not None else 0.0
@@ -310,7 +328,7 @@ def run(
         began = time.perf_counter()
         warehouse.store.versions()
         checks.append((time.perf_counter() - began) * 1000)
-    return {"cells": [asdict(cell) for cell in cells], "receipts": receipts, "ingest": ingest,
+    return {"cells": [asdict(cell) for cell in cells], "receipts": receipts, "ingest": ingest, "filter": narrow,
             "audit_verified": {"ok": verified.ok, "chains": verified.chains, "problems": list(verified.problems[:5]),
                                "seconds": round(verify_seconds, 2)},
             "audit_bytes_per_receipt": {"before_optimize": size_before / max(1, receipts),
@@ -357,16 +375,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="processes per replica (serve --workers)")
     parser.add_argument("--ingest", action="store_true", help="keep an ingest running throughout")
     parser.add_argument("--keep", type=Path, help="build the warehouse in this folder once, and reuse it")
+    parser.add_argument("--filter", type=json.loads, help='a narrowing filter sent with every search, e.g. \'{"bucket": 7}\'')
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--data", type=Path, default=Settings.from_env().data_dir)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ragwarden-serve-") as workdir:
         result = run(args.corpus, [int(c) for c in args.clients.split(",")], args.seconds, args.replicas,
-                     Path(workdir), args.data, ingest=args.ingest, keep=args.keep, workers=args.workers)  # fmt: skip
+                     Path(workdir), args.data, ingest=args.ingest, keep=args.keep, workers=args.workers,
+                     narrow=args.filter)  # fmt: skip
     result["machine"] = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
     result["workers"] = args.workers
     suffix = f"{f'-w{args.workers}' if args.workers > 1 else ''}{'-ingest' if args.ingest else ''}"
+    suffix += f"-filter-{hashlib.sha256(json.dumps(args.filter, sort_keys=True).encode()).hexdigest()[:8]}" if args.filter else ""
     target = args.out / f"serve-{args.corpus}-x{args.replicas}{suffix}.json"
     target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"audit log verified: {result['audit_verified']}")

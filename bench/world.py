@@ -217,6 +217,9 @@ def write_warehouse(world: World, folder: Path, *, extra: BenchRows | None = Non
     return store
 
 
+METADATA_BUCKETS = 100
+
+
 def append_rows(store: Store, rows: BenchRows, *, register_labels: bool = True) -> None:
     """Append rows with tags and clause tokens exactly as ingest writes them (``register_labels``
     False writes them as a writer racing the label registry would)."""
@@ -250,5 +253,7 @@ def append_rows(store: Store, rows: BenchRows, *, register_labels: bool = True) 
             "ingest_run_id": ["bench"] * len(ids),
             "embedding_model": ["synthetic"] * len(ids),
             "created_at": [now] * len(ids),
+            # what a narrowing filter can select: a row's place modulo 100 (1%, 10%, ... of the world)
+            "metadata": [f'{{"bucket": {row % METADATA_BUCKETS}}}' for row in range(start, end)],
         }
         store.load_rows(pa.table(columns, schema=schema))

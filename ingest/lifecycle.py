@@ -20,6 +20,7 @@ from ..governance.compiler import SubjectView
 from ..governance.propagation import propagate
 from ..governance.tags import GovernanceTags
 from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
+from ..state.schema import row_metadata
 from .records import MAX_ID_LENGTH, RECORD_FIELDS, parse_tags
 
 DERIVED_KINDS = ("summary", "note", "memory")
@@ -100,6 +101,16 @@ def derived_id(kind: str, parents: Sequence[str], text: str) -> str:
     return "d" + digest.hexdigest()[:31]
 
 
+def lineage_metadata(parents: Sequence[Mapping[str, Any]]) -> str:
+    """A derived row's metadata: where it comes from, each parent's citation and metadata. Lineage
+    only: the row's tags come from its parents' tags by the propagation rule, never from this."""
+    cited = [
+        {"chunk_id": p["chunk_id"], "doc_id": p["doc_id"], "source_uri": p["source_uri"], "metadata": row_metadata(p)}
+        for p in parents
+    ]
+    return json.dumps({"derived_from": cited}, sort_keys=True, ensure_ascii=False)
+
+
 class Lifecycle:
     """derive, sync and forget over one store."""
 
@@ -158,6 +169,7 @@ class Lifecycle:
                 "ingest_run_id": run_id,
                 "embedding_model": self.embedder.name,
                 "created_at": datetime.now(timezone.utc),
+                "metadata": lineage_metadata([rows[p] for p in wanted]),
             }
             # The parents are rewritten unchanged: the commit then fails if any of them changed
             # or went since they were read, and the row is derived again from what they are now.

@@ -109,6 +109,27 @@ def dedupe_ids(outcomes: Iterable[Outcome]) -> Iterator[Outcome]:
         yield outcome
 
 
+def brought_vectors(
+    outcomes: Iterable[Outcome], *, model: str, dimension: int, engine: IngestEngine | None
+) -> Iterator[Outcome]:
+    """Refuse a record whose own vector is another model's or another dimension's than the
+    warehouse's, naming both: its neighbours would be meaningless. The Ray engine embeds in its
+    actors, so records bringing vectors are written by the local engine only."""
+    for outcome in outcomes:
+        if isinstance(outcome, SourceRecord) and outcome.vector is not None:
+            reason = None
+            if engine is not None:
+                reason = "a record that brings its vector is written by the local engine; ingest it with engine='local'"
+            elif outcome.model != model:
+                reason = f"vector was made by {outcome.model!r}; this warehouse's vectors are {model!r}'s, and the two do not compare"
+            elif len(outcome.vector) != dimension:
+                reason = f"vector has {len(outcome.vector)} numbers; {model!r} makes {dimension}"
+            if reason is not None:
+                yield Rejected(source=outcome.origin, reason=reason)
+                continue
+        yield outcome
+
+
 def run_ingest(
     outcomes: Iterable[Outcome],
     *,
@@ -155,7 +176,8 @@ def run_ingest(
         window.clear()
 
     with bar:
-        for outcome in dedupe_ids(outcomes):
+        checked = brought_vectors(outcomes, model=embedder.model_id, dimension=store.dimension, engine=engine)
+        for outcome in dedupe_ids(checked):
             if isinstance(outcome, Skipped):
                 skipped.append(outcome)
             elif isinstance(outcome, Rejected):

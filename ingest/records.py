@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,9 @@ from ..governance.tags import GovernanceTags
 
 MAX_ID_LENGTH = 512
 MAX_LINE_BYTES = 20 * 1024 * 1024
-RECORD_FIELDS = frozenset({"id", "text", "tenant", "acl", "labels", "classification", "uri", "metadata"})
+MAX_METADATA_BYTES = 65_536
+RECORD_FIELDS = frozenset({"id", "text", "tenant", "acl", "labels", "classification", "uri", "metadata", "vector", "model"})
+MAX_MODEL_CHARS = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +37,8 @@ class SourceRecord:
     uri: str
     origin: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    vector: tuple[float, ...] | None = None  # brought in: the record is one chunk, not embedded here
+    model: str | None = None  # the model that made ``vector``
 
     @property
     def version(self) -> str:
@@ -44,6 +49,17 @@ class SourceRecord:
     def key(self) -> tuple[str, str]:
         """(tenant, doc id): the id names the document within its tenant only."""
         return (self.tags.tenant, self.doc_id)
+
+    @property
+    def metadata_json(self) -> str:
+        """The metadata as stored on the source and on each of its chunks."""
+        return metadata_json(self.metadata)
+
+
+def metadata_json(metadata: Mapping[str, Any]) -> str:
+    """Metadata as canonical JSON text (keys sorted; a value JSON cannot hold, such as a date,
+    as its text); ValueError for NaN or infinity, which JSON cannot carry."""
+    return json.dumps(dict(metadata), sort_keys=True, allow_nan=False, default=str, ensure_ascii=False)
 
 
 def document_version(text: str) -> str:
@@ -111,6 +127,8 @@ def build_record(
     classification: object = None,
     uri: object = None,
     metadata: object = None,
+    vector: object = None,
+    model: object = None,
     origin: str,
 ) -> SourceRecord | Skipped:
     """Validate one document's fields; raise InvalidSourceError naming ``origin`` and the reason.
@@ -124,9 +142,18 @@ def build_record(
             raise ValueError(f"text must be a string, not {type(text).__name__}")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValueError(f"metadata must be an object, not {type(metadata).__name__}")
+        if metadata and not all(isinstance(key, str) for key in metadata):
+            raise ValueError("metadata keys must be strings")
+        try:
+            stored = metadata_json(metadata or {})
+        except ValueError:
+            raise ValueError("metadata holds NaN or infinity, which JSON cannot carry") from None
+        if len(stored.encode("utf-8")) > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is {len(stored.encode('utf-8'))} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
         if uri is not None and not isinstance(uri, str):
             raise ValueError(f"uri must be a string, not {type(uri).__name__}")
         tags = parse_tags(tenant=tenant, acl=acl, labels=labels, classification=classification)
+        brought = _brought_vector(vector, model)
     except ValueError as exc:
         raise InvalidSourceError(origin, str(exc)) from None
     if not text.strip():
@@ -138,7 +165,30 @@ def build_record(
         uri=uri or f"doc:{doc_id}",
         origin=origin,
         metadata=dict(metadata or {}),
+        vector=brought,
+        model=model if brought is not None else None,  # type: ignore[arg-type] - checked in _brought_vector
     )
+
+
+def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:
+    """A record's own vector, checked for what any model's vector must be (its dimension and
+    model are checked against the warehouse's when it is written); ValueError naming the fault."""
+    if vector is None:
+        if model is not None:
+            raise ValueError("model names the model that made a vector; give the record's vector too")
+        return None
+    if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_CHARS:
+        raise ValueError(f"a vector needs model: the name of the model that made it (1 to {MAX_MODEL_CHARS} characters)")
+    if isinstance(vector, (str, bytes, Mapping)) or not hasattr(vector, "__len__") or not len(vector):  # type: ignore[arg-type]
+        raise ValueError("vector must be a non-empty list of numbers")
+    numbers = list(vector)  # type: ignore[call-overload]
+    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+        raise ValueError("vector must hold numbers only")
+    if not all(math.isfinite(n) for n in numbers):
+        raise ValueError("vector holds NaN or infinity; pass finite numbers")
+    if not any(numbers):
+        raise ValueError("vector is all zeros: it has no direction to rank by")
+    return tuple(float(n) for n in numbers)
 
 
 def read_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Outcome]:
@@ -199,6 +249,8 @@ def record_outcome(obj: Mapping[str, Any], origin: str) -> Iterator[Outcome]:
             classification=obj.get("classification"),
             uri=obj.get("uri"),
             metadata=obj.get("metadata"),
+            vector=obj.get("vector"),
+            model=obj.get("model"),
             origin=origin if "id" not in obj else f"{origin} (id {obj.get('id')!r})",
         )
     except InvalidSourceError as exc:

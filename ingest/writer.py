@@ -8,7 +8,6 @@ embedded (same chunk id) keeps its stored vector, so re-tagging never re-embeds.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,6 +29,12 @@ def chunk_document(
         (c, chunk_id(tenant, doc_id, version, c.position, c.text))
         for c in chunk_text(text, tokenizer, window=window, overlap=overlap)
     ]
+
+
+def whole_document(record: SourceRecord) -> list[tuple[Chunk, str]]:
+    """A record that brought its own vector: one chunk, its whole text (the vector is the text's)."""
+    chunk = Chunk(position=0, text=record.text, start=0, end=len(record.text))
+    return [(chunk, chunk_id(record.tags.tenant, record.doc_id, record.version, 0, record.text))]
 
 
 def chunk_id(tenant: str, doc_id: str, doc_version: str, position: int, text: str) -> str:
@@ -101,10 +106,12 @@ class DocumentWriter:
             return plan
         window, tokenizer = self.embedder.max_tokens, self.embedder.tokenizer
         plan.chunked = [
-            (r, chunk_document(r.text, tenant=r.tags.tenant, doc_id=r.doc_id, tokenizer=tokenizer, window=window, overlap=self.overlap))
+            (r, whole_document(r) if r.vector is not None else chunk_document(
+                r.text, tenant=r.tags.tenant, doc_id=r.doc_id, tokenizer=tokenizer, window=window, overlap=self.overlap))
             for r in plan.changed
-        ]
-        plan.vectors = self.store.vectors_of(cid for _, chunks in plan.chunked for _, cid in chunks)
+        ]  # fmt: skip
+        plan.vectors = self.store.vectors_of(cid for r, chunks in plan.chunked if r.vector is None for _, cid in chunks)
+        plan.vectors |= {chunks[0][1]: list(r.vector) for r, chunks in plan.chunked if r.vector is not None}
         plan.to_embed = {
             cid: chunk.text for _, chunks in plan.chunked for chunk, cid in chunks if cid not in plan.vectors
         }
@@ -117,9 +124,11 @@ class DocumentWriter:
         unchanged: list[str] = []
         for record in records:
             state = states.get(record.key)
-            if state is not None and (state.doc_version, state.tags_fingerprint) == (
+            if state is not None and (state.doc_version, state.tags_fingerprint, state.uri, state.metadata) == (
                 record.version,
                 record.tags.fingerprint(),
+                record.uri,
+                record.metadata_json,
             ):
                 unchanged.append(record.doc_id)
             else:
@@ -180,8 +189,9 @@ class DocumentWriter:
             **record.tags.row_columns(),
             "parents": [record.doc_id],
             "ingest_run_id": self.run_id,
-            "embedding_model": self.embedder.name,
+            "embedding_model": record.model if record.vector is not None else self.embedder.name,
             "created_at": now,
+            "metadata": record.metadata_json,
         }
 
     def _source_row(self, record: SourceRecord, chunk_count: int, now: datetime) -> dict[str, object]:
@@ -192,7 +202,7 @@ class DocumentWriter:
             "tags_fingerprint": record.tags.fingerprint(),
             **record.tags.row_columns(),
             "chunk_count": chunk_count,
-            "metadata": json.dumps(dict(record.metadata), sort_keys=True, default=str),
+            "metadata": record.metadata_json,
             "ingest_run_id": self.run_id,
             "ingested_at": now,
         }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from ..credentials import authenticator_for
 from ..errors import ConfigurationError, WarehouseError, error_of, error_of_status
 from ..governance.caller import Identity
 from ..retrieval.collapse import Collapse, GroupBy
+from ..retrieval.narrowing import narrowing
 from ..retrieval.search import Mode
 from ..warehouse import Warehouse
 
@@ -43,14 +44,19 @@ class SearchOptions:
     group_by: GroupBy | None = None  # "doc": at most per_group chunks of one document
     per_group: int = 1
     distinct: bool = False  # one chunk of each text
+    filter: Mapping[str, Any] | None = None  # only chunks matching it (``retrieval.narrowing``)
 
     def __post_init__(self) -> None:
-        Collapse(group_by=self.group_by, per_group=self.per_group, distinct=self.distinct)  # refused here, at construction
+        # refused here, at construction
+        Collapse(group_by=self.group_by, per_group=self.per_group, distinct=self.distinct)
+        narrowing(self.filter)
 
-    def collapse(self) -> dict[str, Any]:
-        """The collapse arguments of a search (only those set, so an older service is not sent new fields)."""
-        given = {"group_by": self.group_by, "per_group": self.per_group, "distinct": self.distinct}
-        defaults = {"group_by": None, "per_group": 1, "distinct": False}
+    def arguments(self) -> dict[str, Any]:
+        """The collapse and filter arguments of a search (only those set, so an older service is not
+        sent new fields)."""
+        given = {"group_by": self.group_by, "per_group": self.per_group, "distinct": self.distinct,
+                 "filter": dict(self.filter) if self.filter else None}  # fmt: skip
+        defaults = {"group_by": None, "per_group": 1, "distinct": False, "filter": None}
         return {name: value for name, value in given.items() if value != defaults[name]}
 
 
@@ -73,7 +79,7 @@ class InProcess:
             k=k,
             mode=self.options.mode,
             purpose=self.options.purpose,
-            **self.options.collapse(),
+            **self.options.arguments(),
         )
         return [hit.as_dict() for hit in hits]
 
@@ -91,7 +97,7 @@ class OverHttp:
     timeout: float = 30.0
 
     def _request(self, query: str, k: int) -> dict[str, Any]:
-        body = {"query": query, "k": k, "mode": self.options.mode, **self.options.collapse()}
+        body = {"query": query, "k": k, "mode": self.options.mode, **self.options.arguments()}
         if self.options.purpose is not None:
             body["purpose"] = self.options.purpose
         return {
@@ -176,10 +182,15 @@ def bind(
 def hit_metadata(hit: dict[str, Any]) -> dict[str, Any]:
     """A hit's governance and citation, as framework metadata: everything but the text.
 
-    ``lineage`` gathers where the row comes from (document, version, source, parents); ``reason``
-    says why the caller could see it.
+    The source record's own metadata comes first, so a chain reads ``metadata["title"]``; what
+    ragwarden says of the row is laid over it, so a record's metadata can never pose as a label
+    or a reason. ``source`` is the source URI (LangChain's convention); ``lineage`` gathers where
+    the row comes from (document, version, source, parents); ``reason`` says why the caller
+    could see it.
     """
     return {
+        **hit.get("metadata", {}),
+        "source": hit["source_uri"],
         "chunk_id": hit["chunk_id"],
         "doc_id": hit["doc_id"],
         "score": hit["score"],

@@ -10,6 +10,7 @@ text LlamaIndex embeds or hands to an LLM: it is governance, not content.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from llama_index.core.retrievers import BaseRetriever
@@ -46,6 +47,7 @@ class WardenRetriever(BaseRetriever):
         group_by: GroupBy | None = None,
         per_group: int = 1,
         distinct: bool = False,
+        filter: Mapping[str, Any] | None = None,  # only chunks matching it
         **kwargs: Any,
     ) -> None:
         self._binding = bind(
@@ -55,7 +57,9 @@ class WardenRetriever(BaseRetriever):
             subject=subject,
             tenant=tenant,
             actor=actor,
-            options=SearchOptions(mode=mode, purpose=purpose, group_by=group_by, per_group=per_group, distinct=distinct),
+            options=SearchOptions(
+                mode=mode, purpose=purpose, group_by=group_by, per_group=per_group, distinct=distinct, filter=filter
+            ),
         )
         self.k = check_k(k)
         super().__init__(**kwargs)

@@ -24,5 +24,8 @@ def requested_k(default: int, kwargs: Mapping[str, Any]) -> int:
     keyword is refused by name rather than ignored."""
     unknown = sorted(set(kwargs) - {"k", *FRAMEWORK_KWARGS})
     if unknown:
-        raise InvalidRequestError(f"unknown search argument(s) {', '.join(unknown)}: only k may be passed per call")
+        raise InvalidRequestError(
+            f"unknown search argument(s) {', '.join(unknown)}: only k may be passed per call "
+            "(a filter is the retriever's: filter= or search_kwargs)"
+        )
     return check_k(kwargs.get("k", default))

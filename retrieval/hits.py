@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..governance.tags import Classification
-from ..state.schema import TAG_COLUMNS
+from ..state.schema import TAG_COLUMNS, row_metadata
 
 RESULT_COLUMNS = [
     "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",
-    "acl_clauses", "labels", "classification", "doc_version", "position",
+    "acl_clauses", "labels", "classification", "doc_version", "position", "metadata",
 ]  # fmt: skip
 """The columns a hit is made from."""
-CURRENT_COLUMNS = ("source_uri", *TAG_COLUMNS)
+CURRENT_COLUMNS = ("source_uri", "metadata", *TAG_COLUMNS)
 """What is read anew at every table version rather than held: who may read a row (its tags, which
-every sync changes) and where its document lives (a re-ingest under a new uri keeps the chunk ids,
-which hash the text)."""
+every sync changes), where its document lives and what its record says of it (a re-ingest under a
+new uri or with new metadata keeps the chunk ids, which hash the text)."""
 CONTENT_COLUMNS = [name for name in RESULT_COLUMNS if name not in CURRENT_COLUMNS]
 """What a row says, fixed for a ``chunk_id`` (ids name the text and version they were made from):
 held by the serving index and by held scans across versions."""
@@ -41,6 +41,8 @@ class Hit:
     parents: tuple[str, ...] = ()
     table_version: int = 0
     policy_version: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """The source record's metadata (a derived row's: ``derived_from``, its parents' citations)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -58,6 +60,7 @@ class Hit:
             "parents": list(self.parents),
             "table_version": self.table_version,
             "policy_version": self.policy_version,
+            "metadata": dict(self.metadata),
         }
 
     @classmethod
@@ -80,4 +83,5 @@ class Hit:
             reason=reason,
             table_version=table_version,
             policy_version=policy_version,
+            metadata=row_metadata(row),
         )

@@ -27,10 +27,12 @@ from ..governance.policy import Decision, Policy
 from ..governance.visibility import check_row
 from ..stages import stage
 from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
+from ..state.store import IN_LIST_MAX_IDS
 from .collapse import NO_COLLAPSE, Collapse
 from .fusion import reciprocal_rank_fusion
 from .hits import CURRENT_COLUMNS, RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
+from .narrowing import Narrowing, narrowed
 from .serving import ServingIndex
 from .visible_rows import VisibleRowCache, VisibleRows
 
@@ -53,6 +55,7 @@ PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
 VIEWS_KEPT = 4096
 FLAT_FILTERS_KEPT = 4096  # filters whose newest read version is remembered (to re-tag their rows after a commit)
+NARROWINGS_KEPT = 256  # narrowing filters whose matching ids are held (by version)
 QUERY_BATCH = 64
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 
@@ -231,6 +234,7 @@ class Searcher:
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._flat_read: OrderedDict[str, int] = OrderedDict()  # by filter: the newest version its rows were read at
         self._flat_lock = threading.Lock()
+        self._narrowed_ids: OrderedDict[tuple[str, int], pa.Array] = OrderedDict()  # a filter's matches, by version
         self.retags = 0  # held sets carried to a new version by re-reading ids and tags only (for monitoring)
         self._indexed: tuple[int, bool] = (-1, False)
         # Concurrent searches' queries are embedded together, by one thread: a batch costs little more
@@ -278,6 +282,7 @@ class Searcher:
         mode: str = "vector",
         vector: Sequence[float] | np.ndarray | None = None,
         collapse: Collapse = NO_COLLAPSE,
+        narrowing: Narrowing | None = None,
     ) -> SearchResult:
         """The best ``k`` rows ``caller`` may read under ``policy`` (none without a policy), and what
         the receipt needs: how many rows the post-check withheld (never the caller's to see) and
@@ -286,6 +291,7 @@ class Searcher:
         ``vector``: the query's embedding when the caller has it already (it must be the model's
         dimension and finite); ``query`` is still what the audit records. ``collapse``: at most so
         many hits of one document, one of each text; rows are ranked deeper until k are kept.
+        ``narrowing``: only rows it matches are ranked (ANDed with the governance filter).
         """
         validate_query(query, k, mode)
         require_reader(caller)
@@ -294,10 +300,10 @@ class Searcher:
         if policy is None:  # no policy at all: nothing is visible
             return SearchResult(hits=[], withheld=0, table_version=self.store.chunks_version, policy_version=None)
         if not collapse.active:
-            return self._answer(query, query_vector, policy, caller, k, mode)
+            return self._answer(query, query_vector, policy, caller, k, mode, narrowing)
         ranked = -1
         for depth in collapse.depths(k):
-            found = self._answer(query, query_vector, policy, caller, depth, mode)
+            found = self._answer(query, query_vector, policy, caller, depth, mode, narrowing)
             kept = collapse.apply(found.hits, k)
             # enough; or a deeper ranking brought no more rows (an approximate plan may return fewer
             # than asked while rows remain, so one short answer alone does not end the search)
@@ -308,19 +314,26 @@ class Searcher:
                             policy_version=found.policy_version)  # fmt: skip
 
     def _answer(
-        self, query: str, query_vector: np.ndarray | None, policy: Policy, caller: Caller, k: int, mode: str
+        self,
+        query: str,
+        query_vector: np.ndarray | None,
+        policy: Policy,
+        caller: Caller,
+        k: int,
+        mode: str,
+        narrowing: Narrowing | None,
     ) -> SearchResult:
-        """The best ``k`` rows ``caller`` may read, ranked and post-checked."""
+        """The best ``k`` rows ``caller`` may read (and ``narrowing`` matches), ranked and post-checked."""
         view = self.view(policy, caller)
         registries = self.store.registries()
         where = self.prefilter(view, registries)
         reader = self.reader(view, registries)
         with stage("rank"):
-            ranked, version = self.rank(query, query_vector, where, k, mode, reader)
+            ranked, version = self.rank(query, query_vector, where, k, mode, reader, narrowing)
         with stage("check"):
             hits, withheld = self.post_check(ranked, view, version, registries.clauses)
         if withheld:  # a row the registries did not know passed the indexed filter: ask again, exactly
-            ranked, version = self.rank(query, query_vector, self.compiled_filter(view), k, mode, reader)
+            ranked, version = self.rank(query, query_vector, self.compiled_filter(view), k, mode, reader, narrowing)
             hits, _ = self.post_check(ranked, view, version)
         return SearchResult(hits=hits, withheld=withheld, table_version=version, policy_version=policy.version)
 
@@ -341,7 +354,8 @@ class Searcher:
         array = np.asarray(vector, dtype=np.float32)
         dimension = self.store.dimension
         if array.shape != (dimension,):
-            raise InvalidRequestError(f"vector has shape {array.shape}; the model's vectors have {dimension} numbers")
+            model = self.store.embedding_model or "the warehouse's model"
+            raise InvalidRequestError(f"vector has shape {array.shape}; {model}'s vectors have {dimension} numbers")
         if not np.isfinite(array).all():
             raise InvalidRequestError("vector holds NaN or infinity; pass finite numbers")
         return array
@@ -361,23 +375,30 @@ class Searcher:
         return Hit.of_row(row, score=1.0, reason=decision.reason, table_version=version, policy_version=policy.version)
 
     def rank(
-        self, query: str, vector: np.ndarray | None, where: str, k: int, mode: str, reader: Reader | None = None
+        self,
+        query: str,
+        vector: np.ndarray | None,
+        where: str,
+        k: int,
+        mode: str,
+        reader: Reader | None = None,
+        narrowing: Narrowing | None = None,
     ) -> tuple[list[tuple[dict[str, Any], float]], int]:
-        """Candidates under ``where``, best first, and the table version they were read at (the
-        version read before and after must agree, so hits can name it). ``fts`` and ``hybrid``
-        need the ``reader`` whose visible rows their statistics count."""
+        """Candidates under ``where`` (and ``narrowing``), best first, and the table version they
+        were read at (the version read before and after must agree, so hits can name it). ``fts``
+        and ``hybrid`` need the ``reader`` whose visible rows their statistics count."""
         if mode != "vector" and reader is None:
             raise ValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
         version = self.store.chunks_version  # the request's freshness check, when one is pinned
         for _ in range(3):
             exact_version = False
             if mode == "vector":
-                rows, exact_version = self._vector(vector, where, k, version)
+                rows, exact_version = self._vector(vector, where, k, version, narrowing=narrowing)
                 ranked = [(row, 1.0 - float(row["_distance"])) for row in rows]
             elif mode == "fts":
-                ranked = self._lexical(query, where, k, version, reader)  # type: ignore[arg-type]
+                ranked = self._lexical(query, narrowed(where, narrowing), k, version, reader)  # type: ignore[arg-type]
             else:
-                ranked = self._hybrid(query, vector, where, k, version, reader)  # type: ignore[arg-type]
+                ranked = self._hybrid(query, vector, narrowed(where, narrowing), k, version, reader)  # type: ignore[arg-type]
             if exact_version:
                 break  # ranked from rows read at exactly this version: nothing to re-check
             latest = self.store.latest_chunks_version()
@@ -413,21 +434,46 @@ class Searcher:
         return self._counts[key]
 
     def _vector(
-        self, vector: np.ndarray | None, where: str, limit: int, version: int, *, exact: bool = False
+        self,
+        vector: np.ndarray | None,
+        where: str,
+        limit: int,
+        version: int,
+        *,
+        exact: bool = False,
+        narrowing: Narrowing | None = None,
     ) -> tuple[list[dict[str, Any]], bool]:
-        """The ``limit`` nearest rows ``where`` admits, by the planned search (``exact``: always
-        the exact scan, whose ranking depends on the admitted rows alone), and whether they were
-        read at ``version`` itself (held rows) rather than at the table's latest."""
+        """The ``limit`` nearest rows ``where`` (and ``narrowing``) admits, by the planned search
+        (``exact``: always the exact scan, whose ranking depends on the admitted rows alone), and
+        whether they were read at ``version`` itself (held rows) rather than at the table's latest.
+
+        A narrowing filter is applied to the rows ``where`` admits at that version, never in
+        place of it: its matches (found by a scan of the metadata alone) narrow the caller's
+        held rows (held scan or serving index); without held rows, few matches (at most
+        ``IN_LIST_MAX_IDS``) are read by id through the governance filter's indexes and scanned
+        exactly, and Lance's plans run under both filters ANDed. Why: Lance refines an indexed
+        filter ANDed with an unindexed one by reading every column of the indexed filter's rows
+        (at 100k rows, 0.9 s for a caller who may read half of them, against 60-90 ms for the
+        scan of the metadata)."""
+        matching = self._matching(narrowing, version) if narrowing is not None and vector is not None else None
+        narrow = (narrowing, matching) if narrowing is not None and matching is not None else None
         plan = "flat" if exact else self.plan(where, version)
+        held = plan == "resident" or (plan == "flat" and self.visible.fits(self._count(where, version), self.store.dimension))
+        if narrow is not None and vector is not None and not held and len(narrow[1]) <= IN_LIST_MAX_IDS:
+            few = self._few_matching(vector, where, narrow[0], narrow[1], limit, version)
+            if few is not None:
+                return few, True
         if plan == "resident":
-            found = self._resident(vector, where, limit, version)
+            found = self._resident(vector, where, limit, version, narrow)
             if found is not None:
                 return found, True
             plan = "index" if self._indexed[1] else "flat"
         if plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension):
-            visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
+            visible = self._held(where, version, narrow)
             if visible is not None:
                 return [{**row, "_distance": 1.0 - score} for row, score in visible.top(vector, limit)], True
+        visible_rows = self._count(where, version) if matching is None else min(len(matching), self._count(where, version))
+        where = narrowed(where, narrowing)
         if plan == "flat":
             return self.store.nearest(vector, where=where, limit=limit, columns=RESULT_COLUMNS, exact=True), False
         found = self.store.nearest(
@@ -436,19 +482,74 @@ class Searcher:
             limit=limit,
             columns=RESULT_COLUMNS,
             exact=False,
-            nprobes=self.nprobes(where, version),
+            nprobes=self.nprobes(visible_rows, version),
             refine_factor=INDEX_REFINE_FACTOR,
         )
         return found, False
 
-    def _resident(self, vector: np.ndarray | None, where: str, limit: int, version: int) -> list[dict[str, Any]] | None:
-        """The ``limit`` nearest rows ``where`` admits at ``version`` through the serving index; None
-        when it cannot answer for that version (the caller then searches through Lance)."""
+    def _held(self, where: str, version: int, narrow: tuple[Narrowing, pa.Array] | None) -> VisibleRows | None:
+        """The rows ``where`` admits at ``version``, held (None if the table moved on), narrowed
+        to a filter's matches at that version when one is given."""
+        visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
+        if visible is None or narrow is None:
+            return visible
+        base, (narrowing, matching) = visible, narrow
+        return self.visible.get(("narrowed", where, narrowing.sql, version), lambda: base.narrowed(matching))
+
+    def _few_matching(
+        self, vector: np.ndarray, where: str, narrowing: Narrowing, matching: pa.Array, limit: int, version: int
+    ) -> list[dict[str, Any]] | None:
+        """The ``limit`` nearest of the few rows ``narrowing`` matches (``matching``) that
+        ``where`` admits at ``version``, read by id and scanned exactly; None if the table moved on."""
+        if not len(matching):
+            return []
+        key = ("narrowed", where, narrowing.sql, version)
+        held = self.visible.get(key, lambda: self._read_matching(where, matching.to_pylist(), version))
+        if held is None:
+            return None
+        return [{**row, "_distance": 1.0 - score} for row, score in held.top(vector, limit)]
+
+    def _matching(self, narrowing: Narrowing, version: int) -> pa.Array | None:
+        """The chunk ids ``narrowing`` matches at ``version`` (a scan of the metadata and columns
+        it names alone), None if the table moved on; held per (filter, version)."""
+        key = (narrowing.sql, version)
+        with self._flat_lock:
+            if key in self._narrowed_ids:
+                self._narrowed_ids.move_to_end(key)
+                return self._narrowed_ids[key]
+        table = self.store.read_at(version, narrowing.sql, ["chunk_id"])
+        if table is None:
+            return None
+        ids = table.column("chunk_id").combine_chunks()
+        with self._flat_lock:
+            self._narrowed_ids[key] = ids
+            while len(self._narrowed_ids) > NARROWINGS_KEPT:
+                self._narrowed_ids.popitem(last=False)
+        return ids
+
+    def _read_matching(self, where: str, chunk_ids: list[str], version: int) -> VisibleRows | None:
+        table = self.store.read_rows_at(version, where, chunk_ids, [*RESULT_COLUMNS, "vector"])
+        return None if table is None else VisibleRows.from_arrow(table, self.store.dimension)
+
+    def _resident(
+        self,
+        vector: np.ndarray | None,
+        where: str,
+        limit: int,
+        version: int,
+        narrow: tuple[Narrowing, pa.Array] | None = None,
+    ) -> list[dict[str, Any]] | None:
+        """The ``limit`` nearest rows ``where`` admits at ``version`` (among a narrowing filter's
+        matches, when given) through the serving index; None when it cannot answer for that
+        version (the caller then searches through Lance)."""
         index = self.serving.usable(self._count("", version))
         norm = float(np.linalg.norm(vector)) if vector is not None else 0.0
         if index is None or not np.isfinite(norm) or norm == 0:
             return None
         view = self.visible.get(("resident", where, version, index.version), lambda: self.serving.view(index, where, version))
+        if view is not None and narrow is not None:
+            base, (narrowing, matching) = view, narrow
+            view = self.visible.get(("resident", where, narrowing.sql, version, index.version), lambda: base.narrowed(matching))
         if view is None:
             return None
         ranked = view.nearest(np.asarray(vector, dtype=np.float32) / norm, limit)
@@ -482,13 +583,14 @@ class Searcher:
                 self._flat_read.popitem(last=False)
         return visible
 
-    def nprobes(self, where: str, version: int) -> int:
-        """IVF partitions to probe: enough that about ``PROBED_VISIBLE_ROWS`` visible rows lie in
-        them, at least ``INDEX_NPROBES``. A prefiltered IVF search only ranks visible rows of the
-        partitions it probes, so a selective filter with few probes under-returns (the benchmark:
-        at 1% of 100k rows, 20 probes gave recall 0.58, all 316 gave 1.000 at similar latency)."""
+    def nprobes(self, visible_rows: int, version: int) -> int:
+        """IVF partitions to probe: enough that about ``PROBED_VISIBLE_ROWS`` of the
+        ``visible_rows`` lie in them, at least ``INDEX_NPROBES``. A prefiltered IVF search only
+        ranks visible rows of the partitions it probes, so a selective filter with few probes
+        under-returns (the benchmark: at 1% of 100k rows, 20 probes gave recall 0.58, all 316
+        gave 1.000 at similar latency)."""
         partitions = vector_index_partitions(self._count("", version))
-        visible = max(1, self._count(where, version))
+        visible = max(1, visible_rows)
         return max(INDEX_NPROBES, min(partitions, math.ceil(partitions * PROBED_VISIBLE_ROWS / visible)))
 
     def _lexical(

@@ -72,6 +72,20 @@ class ResidentView:
             self.bitmap.nbytes + self.tags.nbytes + self.tag_row.nbytes + self.fresh.nbytes + self.fresh_vectors.nbytes
         )
 
+    def narrowed(self, chunk_ids: pa.Array) -> ResidentView:
+        """The rows of this view among ``chunk_ids`` (what a narrowing filter matches at this
+        view's version): a smaller bitmap over the same index and tags."""
+        positions = self.index.positions(chunk_ids)
+        positions = positions[positions >= 0]
+        kept = positions[self.tag_row[positions] >= 0]  # held by the index and in this view
+        fresh, fresh_vectors = self.fresh, self.fresh_vectors
+        if fresh.num_rows:
+            mask = pc.is_in(fresh.column("chunk_id"), value_set=chunk_ids)
+            fresh, fresh_vectors = fresh.filter(mask), fresh_vectors[mask.to_numpy(zero_copy_only=False)]
+        return ResidentView(index=self.index, bitmap=self.index.bitmap(kept),
+                            visible=int(np.count_nonzero(self.index.usable[kept])), tags=self.tags,
+                            tag_row=self.tag_row, fresh=fresh, fresh_vectors=fresh_vectors)  # fmt: skip
+
     def nearest(self, query: np.ndarray, k: int) -> list[tuple[dict[str, Any], float]]:
         """The ``k`` nearest visible rows with their cosine, best first (equal scores by id): what
         each says from the index, its tags from this version."""

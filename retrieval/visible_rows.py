@@ -121,6 +121,13 @@ class VisibleRows:
         rows = rows.combine_chunks()
         return VisibleRows(rows=rows, vectors=np.ascontiguousarray(vectors), ranks=id_ranks(rows.column("chunk_id")))
 
+    def narrowed(self, chunk_ids: pa.Array) -> VisibleRows:
+        """The rows of this set among ``chunk_ids`` (what a narrowing filter matches at its version)."""
+        mask = pc.is_in(self.rows.column("chunk_id"), value_set=chunk_ids)
+        rows = self.rows.filter(mask)
+        vectors = np.ascontiguousarray(self.vectors[mask.to_numpy(zero_copy_only=False)])
+        return VisibleRows(rows=rows, vectors=vectors, ranks=id_ranks(rows.column("chunk_id")))
+
     @property
     def nbytes(self) -> int:
         ranks = 0 if self.ranks is None else self.ranks.nbytes

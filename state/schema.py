@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 import pyarrow as pa
 
 CHUNKS = "chunks"
@@ -41,8 +45,20 @@ def chunks_schema(dimension: int) -> pa.Schema:
             pa.field("ingest_run_id", pa.string()),
             pa.field("embedding_model", pa.string()),
             pa.field("created_at", _timestamp),
+            # Last, so a table from before it gains it in place (null: no metadata). Lance's JSON
+            # type, so narrowing filters can read fields of it inside the prefilter.
+            pa.field("metadata", pa.json_()),
         ]
     )
+
+
+def row_metadata(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``chunks`` row's ``metadata`` (JSON text; null or absent: none) as a mapping."""
+    stored = row.get("metadata")
+    if not stored:
+        return {}
+    found = json.loads(stored)
+    return found if isinstance(found, dict) else {}
 
 
 SOURCES_SCHEMA = pa.schema(

@@ -28,9 +28,9 @@ from ..governance.sql import sql_documents, sql_in_list
 from ..governance.tags import GovernanceTags
 from .api_keys import ApiKeysTable
 from .audit_journal import ReceiptJournal
-from .files import RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .audit_table import AuditTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
+from .files import RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .freshness import SingleFlight, Versions
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
@@ -60,6 +60,7 @@ from .tables import connect, damaged_files, declare_primary_key, local_path, nam
 
 T = TypeVar("T")
 DOCUMENT_KEY = ("tenant", "doc_id")
+EMBEDDING_MODEL_KEY = b"ragwarden:embedding_model"
 IN_LIST_MAX_IDS = 2_000
 """Rows read by id with an IN list up to this many ids; past it, every admitted row is read once
 and filtered (a filter of thousands of literals costs more than the scan)."""
@@ -76,6 +77,8 @@ class SourceState:
     tenant: str
     doc_version: str
     tags_fingerprint: str
+    uri: str | None
+    metadata: str | None
 
 
 _PINNED: ContextVar[tuple[int, Versions] | None] = ContextVar("ragwarden_pinned_versions", default=None)
@@ -176,10 +179,16 @@ class Store:
 
     def _upgrade_tables(self) -> None:
         """Bring tables written by an earlier release to the current schema, in place: ``sources``
-        gains its ``chunks_version`` stamp (0: older than any commit to come), and ``policies`` its
-        commit order ``seq`` (the installs so far numbered by their install time, the only order
-        they recorded)."""
+        gains its ``chunks_version`` stamp (0: older than any commit to come), ``chunks`` its
+        ``metadata`` (null: none; a document's next re-ingest with metadata writes it), and
+        ``policies`` its commit order ``seq`` (the installs so far numbered by their install time,
+        the only order they recorded)."""
         present = set(self._db.list_tables().tables)
+        if CHUNKS in present:
+            chunks = self._db.open_table(CHUNKS)
+            if "metadata" not in chunks.schema.names:
+                field = chunks_schema(self.dimension).field("metadata")
+                retrying_conflicts(lambda: chunks.add_columns(field), what="upgrading chunks")
         if SOURCES in present:
             sources = self._db.open_table(SOURCES)
             if "chunks_version" not in sources.schema.names:
@@ -381,8 +390,25 @@ class Store:
         return int(self._chunks.version)
 
     @property
+    def embedding_model(self) -> str | None:
+        """The model whose vectors this warehouse holds, as recorded (None: not yet recorded)."""
+        recorded = (self._chunks.schema.metadata or {}).get(EMBEDDING_MODEL_KEY)
+        return recorded.decode("utf-8") if recorded else None
+
+    def record_embedding_model(self, model: str) -> None:
+        """Record ``model`` as the model of this warehouse's vectors (once: a warehouse of an
+        earlier release gains the record at its next open)."""
+        retrying_conflicts(
+            lambda: self._chunks.to_lance().update_schema_metadata({EMBEDDING_MODEL_KEY.decode(): model}),
+            what="recording the embedding model",
+        )
+        self._chunks.checkout_latest()
+
+    @property
     def chunks_schema(self) -> pa.Schema:
-        return self._chunks.schema
+        """The ``chunks`` schema rows are written in (``metadata`` as JSON text, which Lance stores
+        in its binary JSON form; a ``large_binary`` of text would be stored unconverted)."""
+        return chunks_schema(self.dimension)
 
     @property
     def policies_version(self) -> int:
@@ -452,7 +478,7 @@ class Store:
     def load_rows(self, rows: pa.Table) -> int:
         """Append whole ``chunks`` rows as they are, unplanned (synthetic benchmark worlds, whose tags
         were computed with their clause tokens registered); returns the new version."""
-        self._chunks.add(rows.cast(self._chunks.schema))
+        self._chunks.add(rows.cast(self.chunks_schema))
         return self.chunks_version
 
     def replace_columns(self, rows: pa.Table) -> int:

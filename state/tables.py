@@ -128,12 +128,20 @@ def open_table(db: Any, name: str, schema: pa.Schema) -> Any:
                 table = db.open_table(name)
     except Exception as exc:
         raise WarehouseError(f"warehouse {db.uri!r}: table {name!r} cannot be opened: {exc}") from exc
-    if not table.schema.equals(schema, check_metadata=False):
+    if not table.schema.equals(stored_form(schema), check_metadata=False):
         raise WarehouseError(
             f"warehouse {db.uri!r}: table {name!r} has schema {table.schema}, expected {schema}; "
             "it was written by another version or another embedding model"
         )
     return table
+
+
+def stored_form(schema: pa.Schema) -> pa.Schema:
+    """``schema`` as a Lance table reports it: a JSON column is kept as Lance's ``lance.json``
+    extension of ``large_binary`` (and read back as JSON text)."""
+    return pa.schema(
+        [field.with_type(pa.large_binary()) if isinstance(field.type, pa.JsonType) else field for field in schema]
+    )
 
 
 def declare_primary_key(table: Any, column: str) -> None:

@@ -63,6 +63,14 @@ def test_ingest_then_search_as_json(runner, warehouse_args):
     hits = json.loads(searched.stdout)
     assert len(hits) == 3
     assert all(hit["classification"] in ("public", "internal") and not hit["labels"] for hit in hits)
+    assert all(hit["metadata"]["title"] for hit in hits)
+    only = runner.invoke(main, [*args, *warehouse_args, "--policy", str(policy_file("demo.csv")),
+                                "--filter", '{"doc_id": {"$in": ["acme-pub-004", "acme-pub-005"]}}'])  # fmt: skip
+    assert only.exit_code == 0, only.output
+    assert {hit["doc_id"] for hit in json.loads(only.stdout)} <= {"acme-pub-004", "acme-pub-005"}
+    for bad, named in (("{year", "is not JSON"), ('["year"]', "not an object"), ('{"labels": "x"}', "governs who may read")):
+        refused = runner.invoke(main, [*args, *warehouse_args, "--filter", bad])
+        assert refused.exit_code != 0 and named in refused.output, refused.output
 
 
 def test_search_collapses_copies_of_one_text_with_distinct(runner, warehouse_args, tmp_path):

@@ -647,6 +647,9 @@ def test_a_streamed_body_within_the_limit_is_served(limited, bearer):
         ({"query": "budget", "group_by": "folder"}, "group_by"),
         ({"query": "budget", "group_by": "doc", "per_group": 0}, "per_group"),
         ({"query": "budget", "distinct": "yes"}, "distinct"),
+        ({"query": "budget", "filter": "year > 2020"}, "filter"),
+        ({"query": "budget", "filter": {"tenant": "globex"}}, "filter.tenant"),
+        ({"query": "budget", "filter": {"$or": [{"year": {"$gt": "2020"}}]}}, "filter.$or[0].year.$gt"),
     ],
 )
 def test_search_arguments_out_of_range_are_422_naming_the_field(as_user, body, field):
@@ -660,6 +663,16 @@ def test_a_search_collapsed_by_document_says_so_in_its_receipt(as_user, demo_war
     assert hits and len({hit["doc_id"] for hit in hits}) == len(hits)
     receipt = demo_warehouse.audit.query(subject="user:alice", limit=1)[0]
     assert "at most 1 per document, distinct texts" in receipt.reason
+
+
+def test_a_filtered_search_returns_matching_hits_with_their_metadata(as_user, demo_warehouse):
+    only = {"doc_id": {"$in": ["acme-pub-001", "acme-fin-001"]}}
+    hits = as_user("alice").post("/v1/search", json={"query": "quarterly budget", "k": 5, "filter": only}).json()["hits"]
+    assert hits and {hit["doc_id"] for hit in hits} <= {"acme-pub-001", "acme-fin-001"}
+    assert all(hit["metadata"]["title"] for hit in hits)
+    receipt = demo_warehouse.audit.query(subject="user:alice", limit=1)[0]
+    assert "filtered" in receipt.reason and receipt.details["filter_fingerprint"]
+    assert "filter" not in receipt.details  # its values are query content: kept only where raw queries are
 
 
 def test_the_largest_allowed_search_arguments_are_served(as_user):

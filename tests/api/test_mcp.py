@@ -371,3 +371,14 @@ async def test_http_legacy_session_keeps_one_union_without_passing_an_id(
     assert first["session"]["session_id"].startswith("mcp:")
     assert second["session"]["chunk_ids"][:2] == first["session"]["chunk_ids"]
     assert second["session"]["count"] > 2
+
+
+@pytest.mark.anyio
+async def test_search_filter_narrows_and_hits_carry_metadata(demo_warehouse: Warehouse) -> None:
+    async with _as(demo_warehouse, ALICE) as alice:
+        found = await _ok(alice, "search", query=FINANCE_QUERY, k=5, filter={"doc_id": {"$in": ["acme-pub-001", "acme-fin-001"]}})
+        refused = await alice.call_tool("search", {"query": FINANCE_QUERY, "filter": {"acl_allow": "user:alice"}})
+    assert found["hits"] and _docs(found) <= {"acme-pub-001", "acme-fin-001"}
+    assert all(hit["metadata"]["title"] for hit in found["hits"])
+    assert "filtered" in demo_warehouse.audit.query(subject="user:alice", limit=1)[0].reason
+    assert refused.is_error and "governs who may read" in refused.content[0].text

@@ -42,7 +42,7 @@ def chunk_rows(warehouse: Warehouse, doc_id: str) -> list[dict]:
 
 
 def test_chunks_table_has_the_design_columns_with_their_types(fresh_warehouse):
-    schema = fresh_warehouse.store.chunks_schema
+    schema = raw_table(fresh_warehouse.store).to_lance().schema  # as the table holds it
     expected = {
         "chunk_id": pa.string(),
         "doc_id": pa.string(),
@@ -59,6 +59,7 @@ def test_chunks_table_has_the_design_columns_with_their_types(fresh_warehouse):
         "ingest_run_id": pa.string(),
         "embedding_model": pa.string(),
         "created_at": pa.timestamp("us", tz="UTC"),
+        "metadata": pa.json_(),
     }
     for name, arrow_type in expected.items():
         assert schema.field(name).type == arrow_type, name

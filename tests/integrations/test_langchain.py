@@ -134,8 +134,8 @@ def test_an_unknown_argument_is_refused_by_name(demo_warehouse: Warehouse) -> No
     with pytest.raises(InvalidRequestError, match="k must be"):
         retriever.invoke(QUERY, k=0)
     assert len(retriever.invoke(QUERY, verbose=True)) == retriever.k  # LangChain's own keyword passes
-    with pytest.raises(ValidationError, match="search_kwargs"):
-        WardenRetriever(warehouse=demo_warehouse, subject="user:alice", tenant="acme", search_kwargs={"k": 9})
+    with pytest.raises((ValidationError, InvalidRequestError), match="fetch_k"):
+        WardenRetriever(warehouse=demo_warehouse, subject="user:alice", tenant="acme", search_kwargs={"fetch_k": 9})
 
 
 def test_a_copy_or_an_assignment_searches_as_the_caller_it_names(
@@ -189,3 +189,24 @@ def test_a_retriever_collapses_by_document_as_the_warehouse_does(
     assert "at most 1 per document, distinct texts" in demo_warehouse.audit.query(subject="user:carol", limit=1)[0].reason
     with pytest.raises((ValidationError, InvalidRequestError), match="per_group"):
         WardenRetriever(**where, group_by="doc", per_group=0)
+
+
+@pytest.mark.parametrize("place", ["in process", "over the service"])
+def test_documents_carry_the_records_metadata_and_search_kwargs_filter_narrows(
+    demo_warehouse: Warehouse, demo_service_url: str, mint: Callable[..., str], place: str
+) -> None:
+    where: dict[str, Any] = {"warehouse": demo_warehouse, "subject": "user:carol", "tenant": "acme"}
+    if place == "over the service":
+        where = {"url": demo_service_url, "token": mint("carol")}
+    (document,) = WardenRetriever(**where, k=1).invoke(LEGAL_QUERY)
+    hit = demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=1)[0]
+    assert document.metadata["source"] == hit.source_uri and document.metadata["title"] == hit.metadata["title"]
+    only = {"doc_id": {"$in": ["acme-pub-004", "acme-pub-005"]}}
+    narrowed = WardenRetriever(**where, search_kwargs={"filter": only, "k": 5}).invoke(LEGAL_QUERY)
+    assert narrowed and {d.metadata["doc_id"] for d in narrowed} <= {"acme-pub-004", "acme-pub-005"}
+    assert [d.id for d in narrowed] == [h.chunk_id for h in demo_warehouse.search(
+        LEGAL_QUERY, subject="user:carol", tenant="acme", k=5, filter=only)]  # fmt: skip
+    with pytest.raises((ValidationError, InvalidRequestError), match="governs who may read"):
+        WardenRetriever(**where, search_kwargs={"filter": {"labels": "legal"}})
+    with pytest.raises((ValidationError, InvalidRequestError), match="score_threshold"):
+        WardenRetriever(**where, search_kwargs={"score_threshold": 0.5})

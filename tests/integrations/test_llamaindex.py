@@ -62,3 +62,14 @@ def test_a_retriever_collapses_by_document_as_the_warehouse_does(demo_warehouse:
     assert [n.node.node_id for n in nodes] == [h.chunk_id for h in hits]
     with pytest.raises(InvalidRequestError, match="group_by 'folder'"):
         WardenRetriever(warehouse=demo_warehouse, subject="user:carol", tenant="acme", group_by="folder")  # type: ignore[arg-type]
+
+
+def test_a_retriever_filter_narrows_and_nodes_carry_the_records_metadata(demo_warehouse: Warehouse) -> None:
+    only = {"doc_id": "acme-pub-005"}
+    retriever = WardenRetriever(warehouse=demo_warehouse, subject="user:carol", tenant="acme", k=5, filter=only)
+    nodes = retriever.retrieve(LEGAL_QUERY)
+    assert nodes and {n.node.metadata["doc_id"] for n in nodes} == {"acme-pub-005"}
+    assert nodes[0].node.metadata["title"] == "Acme holiday schedule 2026"
+    assert nodes[0].node.metadata["source"] == demo_warehouse.get_chunk(nodes[0].node.node_id, subject="user:carol", tenant="acme").source_uri
+    with pytest.raises(InvalidRequestError, match="governs who may read"):
+        WardenRetriever(warehouse=demo_warehouse, subject="user:carol", tenant="acme", filter={"tenant": "globex"})

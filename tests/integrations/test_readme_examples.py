@@ -54,6 +54,9 @@ def test_the_langchain_example_runs_in_process_and_over_the_service(
     assert {d.id for d in docs} <= demo_oracle("user:alice", "acme")
     assert "acme-fin-002" in {d.metadata["doc_id"] for d in docs}, "alice, in finance, should get the budget"
     assert all(d.id in found["printed"] for d in docs)
+    public = found["only_public"].invoke("When is the office open?")
+    assert public and {d.metadata["doc_id"] for d in public} <= {"acme-pub-004", "acme-pub-005"}
+    assert str([d.metadata["title"] for d in public]) in found["printed"]
 
 
 def test_the_llamaindex_example_runs(run_example: Callable[..., dict[str, Any]], demo_oracle) -> None:
@@ -78,3 +81,27 @@ def test_the_collapse_example_returns_one_chunk_a_document(run_example: Callable
             texts.add(hit.text)
     assert len(hits) == 5 and [hit.chunk_id for hit in hits] == collapsed[:5]
     assert str([hit.doc_id for hit in hits]) in found["printed"]
+
+
+def test_the_filter_example_returns_only_matching_chunks_with_their_titles(
+    run_example: Callable[..., dict[str, Any]], demo_warehouse: Warehouse
+) -> None:
+    found = run_example(readme_block("filter={"))
+    hits = found["hits"]
+    assert hits and {hit.doc_id for hit in hits} <= {"acme-pub-004", "acme-pub-005"}
+    assert {hit.metadata["title"] for hit in hits} <= {"Acme holiday schedule 2026", "Visiting Acme: office opening hours"}
+    assert all(hit.metadata["title"] in found["printed"] for hit in hits)
+    unfiltered = demo_warehouse.search("When is the office open?", subject="user:alice", tenant="acme", k=1000)
+    assert [h.chunk_id for h in hits] == [h.chunk_id for h in unfiltered if h.doc_id in ("acme-pub-004", "acme-pub-005")][:3]
+
+
+def test_the_vectors_brought_in_example_writes_one_chunk_and_refuses_another_model(
+    run_example: Callable[..., dict[str, Any]], demo_policy_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGWARDEN_WAREHOUSE", demo_policy_warehouse.uri)  # it writes: not the shared demo warehouse
+    found = run_example(readme_block('"model": MODEL_NAME'))
+    assert found["report"].documents == 1 and found["report"].chunks == 1
+    assert "openai/text-embedding-3-small" in found["refused"].rejected[0].reason
+    assert found["refused"].rejected[0].reason in found["printed"]
+    (hit,) = demo_policy_warehouse.search("Where do visitors sign in?", subject="user:alice", tenant="acme", k=1)
+    assert hit.doc_id == "acme-pub-visitors"

@@ -15,6 +15,7 @@ from support.raw_tables import raw_table
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
 from ragwarden.governance.policy import Policy
+from ragwarden.policies import policy_file
 from ragwarden.state import store as store_module
 from ragwarden.warehouse import Warehouse
 
@@ -89,3 +90,17 @@ def test_a_warehouse_of_an_earlier_release_is_upgraded_in_place(tmp_path: Path, 
     assert numbered == [(1, "a"), (2, "b")]  # numbered by install time, the only order recorded
     assert reopened.policy is not None and reopened.policy.version == Policy.from_text(POLICY_B).version
     assert "chunks_version" in raw_table(reopened.store, "sources").schema.names
+
+
+def test_chunks_of_an_earlier_release_gain_metadata_in_place(tmp_path: Path, embedder: Embedder, make_record):
+    uri = str(tmp_path / "wh")
+    warehouse = Warehouse(Settings(warehouse=uri), embedder=embedder)
+    warehouse.install_policy(policy_file("demo.csv"))
+    warehouse.ingest_records([make_record(metadata={"title": "kept on the source"})])
+    lancedb.connect(uri).open_table("chunks").drop_columns(["metadata"])  # as a release before metadata wrote it
+
+    reopened = Warehouse(Settings(warehouse=uri), embedder=embedder)
+    assert "metadata" in raw_table(reopened.store).schema.names
+    (hit,) = reopened.search("quarterly budget", subject="user:alice", tenant="acme", k=1)
+    assert hit.metadata == {}  # null until the document is written again
+    assert reopened.search("budget", subject="user:alice", tenant="acme", filter={"title": {"$ne": "x"}}) == []

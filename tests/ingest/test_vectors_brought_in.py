@@ -1,0 +1,95 @@
+"""Vectors brought in with their records, as Chroma's ``embeddings=`` takes them: written as they
+are, one chunk a record, never embedded again; the warehouse records its model and refuses a
+record or a query embedded by another model or of another dimension, naming both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import numpy as np
+import pytest
+from support.raw_tables import raw_table
+
+from ragwarden.config import Settings
+from ragwarden.embedder import MODEL_NAME, Embedder
+from ragwarden.errors import ConfigurationError, InvalidRequestError
+from ragwarden.warehouse import Warehouse
+
+ALICE = {"subject": "user:alice", "tenant": "acme"}
+TEXTS = {"orbit": "The satellite's orbit decays a little every year.",
+         "tides": "Tides follow the moon's pull on the oceans."}  # fmt: skip
+
+
+@pytest.fixture
+def embedded_elsewhere(embedder: Embedder) -> dict[str, list[float]]:
+    """Vectors of the warehouse's own model, computed apart from any ingest (as another pipeline would)."""
+    return {doc_id: vector.tolist() for doc_id, vector in zip(TEXTS, embedder.encode(list(TEXTS.values())), strict=True)}
+
+
+def _records(make_record: Any, vectors: dict[str, list[float]], model: str = MODEL_NAME) -> list[dict[str, Any]]:
+    return [make_record(id=doc_id, text=TEXTS[doc_id], vector=vectors[doc_id], model=model) for doc_id in TEXTS]
+
+
+def test_records_bring_their_vectors_and_nothing_is_embedded(
+    demo_policy_warehouse: Warehouse, make_record: Any, embedded_elsewhere: dict[str, list[float]],
+    monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    def refuse(texts: list[str]) -> Any:
+        raise AssertionError(f"embedded {len(texts)} texts that came with their vectors")
+
+    monkeypatch.setattr(demo_policy_warehouse.embedder, "encode", refuse)
+    report = demo_policy_warehouse.ingest_records(_records(make_record, embedded_elsewhere))
+    assert report.ok and report.documents == 2 and report.chunks == 2
+    rows = {row["doc_id"]: row for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
+    for doc_id, vector in embedded_elsewhere.items():
+        assert rows[doc_id]["text"] == TEXTS[doc_id] and rows[doc_id]["embedding_model"] == MODEL_NAME
+        assert np.allclose(rows[doc_id]["vector"], vector, atol=1e-7)
+    monkeypatch.undo()
+    (hit,) = demo_policy_warehouse.search("Why does a satellite fall back to earth?", k=1, **ALICE)
+    assert hit.doc_id == "orbit", "a query the warehouse embeds finds a vector brought in: they are one model's"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"model": "openai/text-embedding-3-small"}, "'openai/text-embedding-3-small'; this warehouse's vectors are "
+                                                     f"'{MODEL_NAME}'"),
+        ({"vector": [0.5] * 1536}, f"vector has 1536 numbers; '{MODEL_NAME}' makes 384"),
+        ({"model": None}, "a vector needs model"),
+        ({"vector": None}, "give the record's vector too"),
+        ({"vector": [float("nan")] * 384}, "NaN or infinity"),
+        ({"vector": [0.0] * 384}, "all zeros"),
+        ({"vector": ["0.1"] * 384}, "numbers only"),
+    ],
+)
+def test_a_vector_the_warehouse_cannot_rank_with_its_own_is_refused_naming_both(
+    demo_policy_warehouse: Warehouse, make_record: Any, embedded_elsewhere: dict[str, list[float]],
+    change: dict[str, Any], named: str,
+):  # fmt: skip
+    record = {**_records(make_record, embedded_elsewhere)[0], **change}
+    record = {key: value for key, value in record.items() if value is not None}
+    report = demo_policy_warehouse.ingest_records([record])
+    (rejected,) = report.rejected
+    assert report.documents == 0 and "orbit" in rejected.source and named in rejected.reason, rejected.reason
+
+
+def test_a_query_vector_of_another_model_or_dimension_is_refused_naming_both(
+    demo_policy_warehouse: Warehouse, embedded_elsewhere: dict[str, list[float]]
+):
+    vector = embedded_elsewhere["orbit"]
+    with pytest.raises(InvalidRequestError, match=f"'openai/text-embedding-3-small' is not this warehouse's model '{MODEL_NAME}'"):
+        demo_policy_warehouse.search("orbit", vector=vector, vector_model="openai/text-embedding-3-small", **ALICE)
+    with pytest.raises(InvalidRequestError, match=f"vector has shape \\(1536,\\); {MODEL_NAME}'s vectors have 384 numbers"):
+        demo_policy_warehouse.search("orbit", vector=[0.1] * 1536, **ALICE)
+    assert demo_policy_warehouse.search("orbit", vector=vector, vector_model=MODEL_NAME, **ALICE) == []  # nothing ingested
+
+
+def test_the_warehouse_records_its_model_and_refuses_to_open_with_another(tmp_path: Path, embedder: Embedder):
+    uri = str(tmp_path / "wh")
+    assert Warehouse(Settings(warehouse=uri), embedder=embedder).store.embedding_model == MODEL_NAME
+    chunks = lancedb.connect(uri).open_table("chunks").to_lance()
+    chunks.update_schema_metadata({"ragwarden:embedding_model": "BAAI/bge-small-en-v1.5"})  # written by another model
+    with pytest.raises(ConfigurationError, match=f"made by 'BAAI/bge-small-en-v1.5'; this process embeds with '{MODEL_NAME}'"):
+        Warehouse(Settings(warehouse=uri), embedder=embedder)
