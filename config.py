@@ -40,6 +40,10 @@ class AuthSettings:
     ``jwt_secret`` enables HS256; ``jwt_jwks`` (a file path or an http(s) URL) enables RS256/ES256.
     With either, ``issuer`` and ``audience`` are required: a token is checked for both, and for
     ``exp`` and ``nbf``. ``tenant_claim`` names the claim that carries the caller's tenant.
+    ``groups_claim`` (off by default) names a claim whose values become ``group:`` principals of
+    the caller for that request, beside the policy's ``g`` lines: the issuer is then trusted to
+    say who is in which group. ``groups_map`` maps a value's prefix to a group prefix
+    (``{"okta-": "group:"}``); with a map, a value matching no prefix is ignored.
     ``token`` is the credential of a stdio MCP server (whoever launches it supplies the identity).
     """
 
@@ -48,6 +52,8 @@ class AuthSettings:
     issuer: str | None = None
     audience: str | None = None
     tenant_claim: str = "tenant"
+    groups_claim: str | None = None
+    groups_map: Mapping[str, str] = field(default_factory=dict)
     leeway_seconds: int = 30
     token: str | None = field(default=None, repr=False)
 
@@ -60,6 +66,11 @@ class AuthSettings:
             raise ConfigurationError("RAGWARDEN_JWT_SECRET must be at least 32 bytes (HS256 keys shorter than the hash are weak)")
         if not self.tenant_claim:
             raise ConfigurationError("RAGWARDEN_JWT_TENANT_CLAIM must name a claim")
+        wrong = sorted(target for target in self.groups_map.values() if not str(target).startswith("group:"))
+        if wrong:
+            raise ConfigurationError(f"RAGWARDEN_JWT_GROUPS_MAP must map to group: prefixes, not {wrong}")
+        if self.groups_map and not self.groups_claim:
+            raise ConfigurationError("RAGWARDEN_JWT_GROUPS_MAP needs RAGWARDEN_JWT_GROUPS_CLAIM, the claim it maps")
         if self.leeway_seconds < 0:
             raise ConfigurationError(f"setting leeway_seconds must be at least 0, got {self.leeway_seconds}")
 
@@ -77,10 +88,19 @@ class AuthSettings:
             ("issuer", "RAGWARDEN_JWT_ISSUER"),
             ("audience", "RAGWARDEN_JWT_AUDIENCE"),
             ("tenant_claim", "RAGWARDEN_JWT_TENANT_CLAIM"),
+            ("groups_claim", "RAGWARDEN_JWT_GROUPS_CLAIM"),
             ("token", "RAGWARDEN_TOKEN"),
         ):
             if env.get(key):
                 values[name] = env[key]
+        if env.get("RAGWARDEN_JWT_GROUPS_MAP"):
+            try:
+                mapped = json.loads(env["RAGWARDEN_JWT_GROUPS_MAP"])
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(f"RAGWARDEN_JWT_GROUPS_MAP is not JSON: {exc.msg}") from None
+            if not isinstance(mapped, dict) or not all(isinstance(v, str) for v in [*mapped, *mapped.values()]):
+                raise ConfigurationError('RAGWARDEN_JWT_GROUPS_MAP must be a JSON object of text, e.g. {"okta-": "group:"}')
+            values["groups_map"] = mapped
         return cls(**values)  # type: ignore[arg-type]
 
 

@@ -276,7 +276,44 @@ class Authenticator:
             problem = actor_problem(actor)
             if problem:
                 raise AuthenticationError(f"token act.sub refused: {problem}")
-        return Identity(subject=subject, tenant=tenant, actor=actor)
+        return Identity(subject=subject, tenant=tenant, actor=actor, groups=self._groups(claims))
+
+    def _groups(self, claims: dict[str, Any]) -> frozenset[str]:
+        """The groups the token's groups claim names (none unless ``groups_claim`` is set), as
+        ``group:`` principals: a value already ``group:NAME`` as it is, else through
+        ``groups_map`` (a value matching none of its prefixes is ignored) or, with no map,
+        ``group:`` + the value. A claim that is not a list of text is refused."""
+        name = self.settings.groups_claim
+        if name is None or name not in claims:
+            return frozenset()
+        values = claims[name]
+        if isinstance(values, str) or not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise AuthenticationError(f"token claim {name!r} must be a list of group names")
+        if len(values) > MAX_CLAIMED_GROUPS:
+            raise AuthenticationError(f"token claim {name!r} names {len(values)} groups; the limit is {MAX_CLAIMED_GROUPS}")
+        groups = set()
+        for value in values:
+            group = _claimed_group(value, self.settings.groups_map)
+            if group is None:
+                continue
+            problem = principal_problem(group)
+            if problem:
+                raise AuthenticationError(f"token claim {name!r} value {value!r} refused: {problem}")
+            groups.add(group)
+        return frozenset(groups)
+
+
+MAX_CLAIMED_GROUPS = 256
+
+
+def _claimed_group(value: str, prefixes: Mapping[str, str]) -> str | None:
+    """The principal a groups-claim value names (None: not one of ours)."""
+    if value.startswith("group:"):
+        return value
+    if not prefixes:
+        return f"group:{value}"
+    matched = max((prefix for prefix in prefixes if value.startswith(prefix)), key=len, default=None)
+    return None if matched is None else prefixes[matched] + value[len(matched):]
 
 
 def authenticator_for(warehouse: Warehouse, auth: AuthSettings | None = None) -> Authenticator:

@@ -21,6 +21,7 @@ from .governance.audit import AuditLog, Receipt
 from .governance.caller import Caller
 from .governance.operations import Operation
 from .governance.policy import Policy
+from .retrieval.search import LruCache
 from .stages import stage
 from .state import operation_named
 
@@ -51,6 +52,10 @@ class Permission:
     auditor: bool = False
 
 
+CLAIMED_POLICIES_KEPT = 1024
+"""Policies with a caller's claimed memberships kept, by (policy version, subject, tenant, groups)."""
+
+
 class PermissionGate:
     """Decides, records and hands over: ``run`` is the one entry every operation goes through."""
 
@@ -68,12 +73,23 @@ class PermissionGate:
         self._policy = policy
         self._table_version = table_version
         self._fresh = fresh
+        self._claimed: LruCache[Policy] = LruCache(CLAIMED_POLICIES_KEPT)
+
+    def _policy_for(self, caller: Caller | None) -> Policy | None:
+        """The policy in force, with the memberships the caller's token claimed (when it did)."""
+        policy = self._policy()
+        groups = getattr(caller, "groups", frozenset())
+        if policy is None or caller is None or not groups:
+            return policy
+        key = (policy.version, caller.subject, caller.tenant, *sorted(groups))
+        return self._claimed.get(key, lambda: policy.with_memberships(caller.subject, caller.tenant, groups))
 
     def decide(
         self, operation: Operation, caller: Caller | None, need: Need, *, about: str | None = None
     ) -> Permission:
-        """Whether ``caller`` may run ``operation`` under the policy in force (read once, here)."""
-        policy = self._policy()
+        """Whether ``caller`` may run ``operation`` under the policy in force (read once, here),
+        with the memberships its token claimed."""
+        policy = self._policy_for(caller)
 
         def permit(allowed: bool, reason: str, auditor: bool = False) -> Permission:
             return Permission(operation=operation, caller=caller, allowed=allowed, reason=reason, policy=policy,

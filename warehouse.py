@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .config import INGEST_ENGINES, IngestEngineName, Settings
 from .embedder import MODEL_NAME, Embedder
-from .errors import ConfigurationError, InvalidPolicyError, InvalidRequestError, InvalidSourceError, NotFoundError, PermissionDeniedError
+from .errors import (
+    ConfigurationError,
+    InvalidPolicyError,
+    InvalidRequestError,
+    InvalidSourceError,
+    NotFoundError,
+    PermissionDeniedError,
+    WarehouseError,
+)
 from .gate import ANY_TENANT, OPERATOR, Need, Permission, PermissionGate
 from .governance.audit import AuditLog, ChainReport, StoredReceipt, fingerprint
 from .governance.caller import Caller
@@ -43,6 +52,7 @@ from .state import Store
 PathLike = str | Path
 T = TypeVar("T")
 __all__ = ["ANY_TENANT", "OPERATOR", "Warehouse", "open"]
+log = logging.getLogger(__name__)
 
 
 class Warehouse:
@@ -76,7 +86,10 @@ class Warehouse:
         vectors another model made, naming both (its queries would be embedded by the wrong model)."""
         recorded, configured = self.store.embedding_model, self.embedder.model_id
         if recorded is None:
-            self.store.record_embedding_model(configured)
+            try:
+                self.store.record_embedding_model(configured)
+            except WarehouseError as exc:  # read-only storage: serve; a writer records it
+                log.warning("could not record the embedding model in %s: %s", self.settings.warehouse, exc)
         elif recorded != configured:
             raise ConfigurationError(
                 f"warehouse {self.settings.warehouse!r} holds vectors made by {recorded!r}; this process embeds "

@@ -125,6 +125,7 @@ class IdentityModel(BaseModel):
     tenant: str
     actor: str | None
     method: str
+    groups: list[str] = Field(default_factory=list, description="groups the token's groups claim named")
 
 
 class RefusalModel(BaseModel):

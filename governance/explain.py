@@ -7,6 +7,7 @@ path that matched each principal and the policy line that cleared or denied each
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +53,14 @@ def not_visible(chunk_id: str, subject: str, tenant: str) -> Explanation:
 
 
 def _path(policy: Policy, subject: str, principal: str, tenant: str) -> str:
+    """The membership chain, each step naming where it comes from (a policy line, the token)."""
     path = policy.membership_path(subject, principal, tenant)
-    return " -> ".join(path) if path else principal
+    if not path:
+        return principal
+    steps = [path[0]]
+    for member, group in pairwise(path):
+        steps.append(f"{group} ({policy.membership_origin(member, group, tenant)})")
+    return " -> ".join(steps)
 
 
 def _rule_text(rule: Rule) -> str:

@@ -47,11 +47,17 @@ _V = TypeVar("_V")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rule:
-    """One policy line: ``ptype`` is ``p`` or ``g``; ``line`` its number in the source."""
+    """One policy line: ``ptype`` is ``p`` or ``g``; ``line`` its number in the source;
+    ``origin`` where it came from (``TOKEN``: a membership the caller's token claimed)."""
 
     ptype: str
     values: tuple[str, ...]
     line: int
+    origin: str = "policy"
+
+
+TOKEN = "token"
+"""The origin of a membership a token's groups claim named (``Policy.with_memberships``)."""
 
 
 def _object_problem(obj: str, act: str) -> str | None:
@@ -390,6 +396,7 @@ class Policy:
         model_text = model_text if model_text is not None else policy_file("model.conf").read_text()
         self.source = source
         self.source_text = source_text
+        self._model_text = model_text
         self.rules = tuple(rules)
         digest = hashlib.sha256(model_text.encode("utf-8"))
         canonical = "".join("\x1e" + rule.ptype + "\x1f" + "\x1f".join(rule.values) for rule in rules)
@@ -424,6 +431,7 @@ class Policy:
             elif act == "read" and kind == "classification":
                 self._level_rules.setdefault((tenant, principal), []).append(rule)
         self.labels = frozenset(label for rules_of in self._label_rules.values() for label, _ in rules_of)
+        self._edges = {rule.values: rule for rule in rules if rule.ptype == "g"}
         self._answers: dict[tuple[str, str, str, str], Verdict] = {}
         self._clearances: dict[tuple[str, str], Clearance] = {}
 
@@ -495,6 +503,27 @@ class Policy:
         if principal in (subject, EVERYONE):
             return (subject,) if principal == subject else (subject, EVERYONE)
         return self._roles.path(subject, principal, tenant)
+
+    def membership_origin(self, member: str, group: str, tenant: str) -> str:
+        """Where the membership ``member`` -> ``group`` in ``tenant`` comes from: its policy line,
+        or the caller's token (a ``g`` line of ``everyone``'s is implicit)."""
+        rule = self._edges.get((member, group, tenant))
+        if rule is None:
+            return "everyone" if group == EVERYONE else "unknown"
+        return "the token's groups claim" if rule.origin == TOKEN else f"policy line {rule.line}"
+
+    def with_memberships(self, subject: str, tenant: str, groups: frozenset[str]) -> Policy:
+        """This policy with ``subject`` a member of ``groups`` in ``tenant`` besides its own ``g``
+        lines (what a trusted token's groups claim says, for one request). Its version is this
+        one's with the groups' digest, so views and filters compiled under it are its own."""
+        extra = [Rule(ptype="g", values=(subject, group, tenant), line=0, origin=TOKEN) for group in sorted(groups)
+                 if (subject, group, tenant) not in self._edges]  # fmt: skip
+        if not extra:
+            return self
+        derived = Policy([*self.rules, *extra], source=self.source, model_text=self._model_text)
+        digest = hashlib.sha256("\x1f".join([subject, tenant, *sorted(groups)]).encode("utf-8")).hexdigest()[:8]
+        derived.version = f"{self.version}+groups-{digest}"
+        return derived
 
     def rules_for(self, subject: str, tenant: str, obj: str) -> list[Rule]:
         """The ``p`` rules on ``obj`` in ``tenant`` that reach ``subject`` (directly, by group, or via

@@ -21,7 +21,7 @@ from ..governance.propagation import propagate
 from ..governance.tags import GovernanceTags
 from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
 from ..state.schema import row_metadata
-from .records import MAX_ID_LENGTH, RECORD_FIELDS, parse_tags
+from .records import MAX_ID_LENGTH, MAX_METADATA_BYTES, RECORD_FIELDS, parse_tags
 
 DERIVED_KINDS = ("summary", "note", "memory")
 MAX_DERIVED_CHARS = 32_768
@@ -108,7 +108,12 @@ def lineage_metadata(parents: Sequence[Mapping[str, Any]]) -> str:
         {"chunk_id": p["chunk_id"], "doc_id": p["doc_id"], "source_uri": p["source_uri"], "metadata": row_metadata(p)}
         for p in parents
     ]
-    return json.dumps({"derived_from": cited}, sort_keys=True, ensure_ascii=False)
+    text = json.dumps({"derived_from": cited}, sort_keys=True, ensure_ascii=False)
+    if len(text.encode("utf-8")) <= MAX_METADATA_BYTES:
+        return text
+    # too much to carry: the citations alone (each parent's metadata stays on the parent)
+    cited = [{key: value for key, value in parent.items() if key != "metadata"} for parent in cited]
+    return json.dumps({"derived_from": cited, "metadata_omitted": True}, sort_keys=True, ensure_ascii=False)
 
 
 class Lifecycle:

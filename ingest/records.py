@@ -184,11 +184,15 @@ def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:
     numbers = list(vector)  # type: ignore[call-overload]
     if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
         raise ValueError("vector must hold numbers only")
-    if not all(math.isfinite(n) for n in numbers):
+    try:
+        floats = tuple(float(n) for n in numbers)
+    except OverflowError:
+        raise ValueError("vector holds a number too large for a float; pass finite numbers") from None
+    if not all(math.isfinite(n) for n in floats):
         raise ValueError("vector holds NaN or infinity; pass finite numbers")
-    if not any(numbers):
+    if not any(floats):
         raise ValueError("vector is all zeros: it has no direction to rank by")
-    return tuple(float(n) for n in numbers)
+    return floats
 
 
 def read_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Outcome]:

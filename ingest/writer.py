@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
 from ..embedder import Embedder
 from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
 from .chunking import Chunk, chunk_text
@@ -35,6 +37,13 @@ def whole_document(record: SourceRecord) -> list[tuple[Chunk, str]]:
     """A record that brought its own vector: one chunk, its whole text (the vector is the text's)."""
     chunk = Chunk(position=0, text=record.text, start=0, end=len(record.text))
     return [(chunk, chunk_id(record.tags.tenant, record.doc_id, record.version, 0, record.text))]
+
+
+def _same_vector(stored: list[float] | None, brought: tuple[float, ...]) -> bool:
+    """Whether the vector kept for a record's chunk is the one it brings (as float32 keeps it)."""
+    return stored is not None and len(stored) == len(brought) and bool(
+        np.allclose(np.asarray(stored, dtype=np.float32), np.asarray(brought, dtype=np.float32), rtol=0, atol=0)
+    )
 
 
 def chunk_id(tenant: str, doc_id: str, doc_version: str, position: int, text: str) -> str:
@@ -120,11 +129,14 @@ class DocumentWriter:
     def decide(self, records: Sequence[SourceRecord]) -> BatchPlan:
         """Which records of one batch changed (and will be written) and which are unchanged."""
         states = self.store.source_states(r.key for r in records)
+        brought = {whole_document(r)[0][1]: r.vector for r in records if r.vector is not None}
+        stored = self.store.vectors_of(brought) if brought else {}
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
         for record in records:
             state = states.get(record.key)
-            if state is not None and (state.doc_version, state.tags_fingerprint, state.uri, state.metadata) == (
+            same_vector = record.vector is None or _same_vector(stored.get(whole_document(record)[0][1]), record.vector)
+            if state is not None and same_vector and (state.doc_version, state.tags_fingerprint, state.uri, state.metadata) == (
                 record.version,
                 record.tags.fingerprint(),
                 record.uri,

@@ -60,6 +60,11 @@ class Narrowing:
     expression: Mapping[str, Any]
     sql: str
 
+    def within(self, tenant: str) -> Narrowing:
+        """This filter over one tenant's rows: what a search finds its matches among (another
+        tenant's rows never weigh in how it runs)."""
+        return Narrowing(expression=self.expression, sql=f"(tenant = {sql_string(tenant)}) AND ({self.sql})")
+
     def describe(self) -> str:
         """The filter as the receipt records it: canonical JSON."""
         return json.dumps(self.expression, sort_keys=True, ensure_ascii=False)
@@ -173,7 +178,10 @@ class _Target:
                 raise InvalidRequestError(f"{at}: a range compares numbers, not {value!r}")
             return _Literal("bool", _quoted("true" if value else "false", at))
         if isinstance(value, (int, float)):
-            number = float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
             if not math.isfinite(number):
                 raise InvalidRequestError(f"{at}: {value!r} is not a finite number")
             return _Literal("number", repr(number))
@@ -260,7 +268,11 @@ def _timestamp(value: object, at: str) -> str:
         raise InvalidRequestError(f"{at}: created_at is compared with an ISO 8601 time such as 2026-01-31T12:00:00Z, not {value!r}")
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return f"TIMESTAMP '{moment.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}+00:00'"
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidRequestError(f"{at}: {value!r} lies outside the years 1 to 9999 in UTC") from None
+    return f"TIMESTAMP '{moment.isoformat(timespec='microseconds')}'"
 
 
 def _joined(parts: list[str], operator: str) -> str:

@@ -55,7 +55,8 @@ PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
 VIEWS_KEPT = 4096
 FLAT_FILTERS_KEPT = 4096  # filters whose newest read version is remembered (to re-tag their rows after a commit)
-NARROWINGS_KEPT = 256  # narrowing filters whose matching ids are held (by version)
+NARROWINGS_KEPT = 256  # narrowing filters whose matching ids are held (by version)...
+NARROWED_IDS_KEPT = 2_000_000  # ...and at most so many ids in all (about 70 MB)
 QUERY_BATCH = 64
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 
@@ -327,6 +328,7 @@ class Searcher:
         view = self.view(policy, caller)
         registries = self.store.registries()
         where = self.prefilter(view, registries)
+        narrowing = narrowing.within(view.tenant) if narrowing is not None else None
         reader = self.reader(view, registries)
         with stage("rank"):
             ranked, version = self.rank(query, query_vector, where, k, mode, reader, narrowing)
@@ -458,6 +460,8 @@ class Searcher:
         matching = self._matching(narrowing, version) if narrowing is not None and vector is not None else None
         narrow = (narrowing, matching) if narrowing is not None and matching is not None else None
         plan = "flat" if exact else self.plan(where, version)
+        if narrowing is not None and narrow is None:  # no matches read at this version: Lance, both filters
+            return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, None), False
         held = plan == "resident" or (plan == "flat" and self.visible.fits(self._count(where, version), self.store.dimension))
         if narrow is not None and vector is not None and not held and len(narrow[1]) <= IN_LIST_MAX_IDS:
             few = self._few_matching(vector, where, narrow[0], narrow[1], limit, version)
@@ -472,20 +476,28 @@ class Searcher:
             visible = self._held(where, version, narrow)
             if visible is not None:
                 return [{**row, "_distance": 1.0 - score} for row, score in visible.top(vector, limit)], True
-        visible_rows = self._count(where, version) if matching is None else min(len(matching), self._count(where, version))
-        where = narrowed(where, narrowing)
+        visible_rows = self._count(where, version)
+        if matching is not None:  # both filters' rows, as if independent: an underestimate probes more
+            visible_rows = max(1, round(visible_rows * len(matching) / max(1, self._count("", version))))
+        return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, visible_rows), False
+
+    def _through_lance(
+        self, vector: np.ndarray | None, where: str, plan: str, limit: int, version: int, visible_rows: int | None
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` nearest rows ``where`` admits by Lance: an exact scan for the flat plan,
+        else its prefiltered vector index probed for about ``visible_rows`` (None: counted)."""
         if plan == "flat":
-            return self.store.nearest(vector, where=where, limit=limit, columns=RESULT_COLUMNS, exact=True), False
-        found = self.store.nearest(
+            return self.store.nearest(vector, where=where, limit=limit, columns=RESULT_COLUMNS, exact=True)
+        visible = self._count(where, version) if visible_rows is None else visible_rows
+        return self.store.nearest(
             vector,
             where=where,
             limit=limit,
             columns=RESULT_COLUMNS,
             exact=False,
-            nprobes=self.nprobes(visible_rows, version),
+            nprobes=self.nprobes(visible, version),
             refine_factor=INDEX_REFINE_FACTOR,
         )
-        return found, False
 
     def _held(self, where: str, version: int, narrow: tuple[Narrowing, pa.Array] | None) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``, held (None if the table moved on), narrowed
@@ -523,8 +535,9 @@ class Searcher:
         ids = table.column("chunk_id").combine_chunks()
         with self._flat_lock:
             self._narrowed_ids[key] = ids
-            while len(self._narrowed_ids) > NARROWINGS_KEPT:
-                self._narrowed_ids.popitem(last=False)
+            held = sum(len(kept) for kept in self._narrowed_ids.values())
+            while len(self._narrowed_ids) > 1 and (len(self._narrowed_ids) > NARROWINGS_KEPT or held > NARROWED_IDS_KEPT):
+                held -= len(self._narrowed_ids.popitem(last=False)[1])
         return ids
 
     def _read_matching(self, where: str, chunk_ids: list[str], version: int) -> VisibleRows | None:

@@ -189,6 +189,8 @@ class Store:
             if "metadata" not in chunks.schema.names:
                 field = chunks_schema(self.dimension).field("metadata")
                 retrying_conflicts(lambda: chunks.add_columns(field), what="upgrading chunks")
+                if SOURCES in present:
+                    self._backfill_metadata(chunks, self._db.open_table(SOURCES))
         if SOURCES in present:
             sources = self._db.open_table(SOURCES)
             if "chunks_version" not in sources.schema.names:
@@ -201,6 +203,26 @@ class Store:
                 rows = policies.to_arrow().sort_by([("installed_at", "ascending")]).to_pylist()
                 numbered = [{**row, "seq": seq} for seq, row in enumerate(rows, start=1)]
                 self._db.create_table(POLICIES, pa.Table.from_pylist(numbered, schema=POLICIES_SCHEMA), mode="overwrite")
+
+    def _backfill_metadata(self, chunks: Any, sources: Any) -> None:
+        """Give the chunks of an upgraded warehouse their document's metadata, as its source
+        record kept it (a re-ingest would find the document unchanged and never write it)."""
+        if "metadata" not in sources.schema.names:
+            return
+        kept = sources.to_arrow().select(["tenant", "doc_id", "metadata"])
+        kept = kept.filter(pc.and_(pc.is_valid(kept.column("metadata")), pc.not_equal(kept.column("metadata"), "{}")))
+        if not kept.num_rows:
+            return
+        rows = chunks.to_lance().to_table(columns=["chunk_id", "tenant", "doc_id"], filter="kind = 'chunk'")
+        joined = rows.join(kept, keys=["tenant", "doc_id"], join_type="inner")
+        if not joined.num_rows:
+            return
+        schema = chunks_schema(self.dimension)
+        table = pa.table({"chunk_id": joined.column("chunk_id"), "metadata": joined.column("metadata")},
+                         schema=pa.schema([schema.field("chunk_id"), schema.field("metadata")]))  # fmt: skip
+        retrying_conflicts(
+            lambda: chunks.merge_insert("chunk_id").when_matched_update_all().execute(table), what="upgrading chunks"
+        )
 
     def _refuse_missing_tables(self) -> None:
         """A table of a warehouse in use that has gone is an error naming it, never a fresh empty

@@ -216,6 +216,7 @@ def test_whoami_names_the_subject_and_tenant_of_the_credential(as_user):
         "tenant": "globex",
         "actor": None,
         "method": "jwt",
+        "groups": [],
     }
 
 

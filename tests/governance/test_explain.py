@@ -19,7 +19,7 @@ def test_a_visible_row_is_explained_with_group_path_and_rule_lines(demo_warehous
     steps = {step.check: step for step in result.steps}
     assert all(step.passed for step in result.steps)
     acl = next(step for name, step in steps.items() if name.startswith("acl clause"))
-    assert "user:alice -> group:fpa -> group:finance" in acl.detail
+    assert "user:alice -> group:fpa (policy line 21) -> group:finance (policy line 22)" in acl.detail
     assert steps["label comp"].detail.startswith("cleared by line 52: p, group:finance, acme, label:comp, read, allow")
     assert "clearance is confidential" in steps["classification"].detail
 

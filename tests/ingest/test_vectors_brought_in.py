@@ -54,8 +54,8 @@ def test_records_bring_their_vectors_and_nothing_is_embedded(
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"model": "openai/text-embedding-3-small"}, "'openai/text-embedding-3-small'; this warehouse's vectors are "
-                                                     f"'{MODEL_NAME}'"),
+        ({"model": "openai/text-embedding-3-small"},
+         f"'openai/text-embedding-3-small'; this warehouse's vectors are '{MODEL_NAME}'"),
         ({"vector": [0.5] * 1536}, f"vector has 1536 numbers; '{MODEL_NAME}' makes 384"),
         ({"model": None}, "a vector needs model"),
         ({"vector": None}, "give the record's vector too"),
@@ -93,3 +93,16 @@ def test_the_warehouse_records_its_model_and_refuses_to_open_with_another(tmp_pa
     chunks.update_schema_metadata({"ragwarden:embedding_model": "BAAI/bge-small-en-v1.5"})  # written by another model
     with pytest.raises(ConfigurationError, match=f"made by 'BAAI/bge-small-en-v1.5'; this process embeds with '{MODEL_NAME}'"):
         Warehouse(Settings(warehouse=uri), embedder=embedder)
+
+
+def test_a_record_bringing_a_new_vector_for_the_same_text_is_written_again(
+    demo_policy_warehouse: Warehouse, make_record: Any, embedded_elsewhere: dict[str, list[float]]
+):
+    records = _records(make_record, embedded_elsewhere)
+    demo_policy_warehouse.ingest_records(records)
+    assert demo_policy_warehouse.ingest_records(records).unchanged == 2, "the same vectors: nothing to write"
+    moved = [*embedded_elsewhere["tides"]]  # the orbit record now brings the tides text's vector
+    report = demo_policy_warehouse.ingest_records([{**records[0], "vector": moved}, records[1]])
+    assert (report.documents, report.unchanged) == (1, 1)
+    stored = {row["doc_id"]: row["vector"] for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
+    assert np.allclose(stored["orbit"], moved, atol=1e-7)

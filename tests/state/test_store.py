@@ -102,5 +102,6 @@ def test_chunks_of_an_earlier_release_gain_metadata_in_place(tmp_path: Path, emb
     reopened = Warehouse(Settings(warehouse=uri), embedder=embedder)
     assert "metadata" in raw_table(reopened.store).schema.names
     (hit,) = reopened.search("quarterly budget", subject="user:alice", tenant="acme", k=1)
-    assert hit.metadata == {}  # null until the document is written again
-    assert reopened.search("budget", subject="user:alice", tenant="acme", filter={"title": {"$ne": "x"}}) == []
+    assert hit.metadata == {"title": "kept on the source"}  # from the source record
+    narrowed = reopened.search("budget", subject="user:alice", tenant="acme", filter={"title": "kept on the source"})
+    assert [h.chunk_id for h in narrowed] == [hit.chunk_id]
