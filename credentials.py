@@ -281,8 +281,8 @@ class Authenticator:
     def _groups(self, claims: dict[str, Any]) -> frozenset[str]:
         """The groups the token's groups claim names (none unless ``groups_claim`` is set), as
         ``group:`` principals: a value already ``group:NAME`` as it is, else through
-        ``groups_map`` (a value matching none of its prefixes is ignored) or, with no map,
-        ``group:`` + the value. A claim that is not a list of text is refused."""
+        ``groups_map`` (a value matching none of its prefixes is ignored, ``group:NAME`` too) or,
+        with no map, ``group:`` + the value. A claim that is not a list of text is refused."""
         name = self.settings.groups_claim
         if name is None or name not in claims:
             return frozenset()
@@ -307,11 +307,10 @@ MAX_CLAIMED_GROUPS = 256
 
 
 def _claimed_group(value: str, prefixes: Mapping[str, str]) -> str | None:
-    """The principal a groups-claim value names (None: not one of ours)."""
-    if value.startswith("group:"):
-        return value
+    """The principal a groups-claim value names (None: not one of ours). With a map, every value
+    goes through it, ``group:NAME`` too: a map confines the provider's groups to what it names."""
     if not prefixes:
-        return f"group:{value}"
+        return value if value.startswith("group:") else f"group:{value}"
     matched = max((prefix for prefix in prefixes if value.startswith(prefix)), key=len, default=None)
     return None if matched is None else prefixes[matched] + value[len(matched):]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
-from .errors import NotFoundError, PermissionDeniedError
+from .errors import NotFoundError, PermissionDeniedError, PolicyError
 from .governance.audit import AuditLog, Receipt
 from .governance.caller import Caller
 from .governance.operations import Operation
@@ -82,7 +82,10 @@ class PermissionGate:
         if policy is None or caller is None or not groups:
             return policy
         key = (policy.version, caller.subject, caller.tenant, *sorted(groups))
-        return self._claimed.get(key, lambda: policy.with_memberships(caller.subject, caller.tenant, groups))
+        try:
+            return self._claimed.get(key, lambda: policy.with_memberships(caller.subject, caller.tenant, groups))
+        except PolicyError as exc:  # refused, never decided without the claim nor with part of it
+            raise PermissionDeniedError(str(exc)) from None
 
     def decide(
         self, operation: Operation, caller: Caller | None, need: Need, *, about: str | None = None
@@ -171,6 +174,9 @@ class PermissionGate:
             "policy_version": policy.version if policy else None,
             **fields,
         }
+        claimed = sorted(getattr(caller, "groups", ()))
+        if claimed:  # what the token's claim added to the policy for this request: part of why
+            receipt["details"] = {**receipt.get("details", {}), "claimed_groups": claimed}
         if receipt.get("table_version") is None:
             receipt["table_version"] = self._table_version()
         with stage("receipt"):

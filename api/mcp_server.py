@@ -124,7 +124,8 @@ class CredentialVerifier:
             client_id=identity.actor or identity.subject,  # the SDK binds legacy sessions to this principal
             scopes=[],
             subject=identity.subject,
-            claims={"tenant": identity.tenant, "actor": identity.actor, "method": identity.method},
+            claims={"tenant": identity.tenant, "actor": identity.actor, "method": identity.method,
+                    "groups": sorted(identity.groups)},
         )
 
 
@@ -135,7 +136,8 @@ def _token_identity() -> Identity:
     if token is None or not token.subject or not claims or not isinstance(claims.get("tenant"), str):
         raise AuthenticationError("no verified caller: send Authorization: Bearer <token or API key>")
     return Identity(
-        subject=token.subject, tenant=claims["tenant"], actor=claims.get("actor"), method=claims.get("method", "jwt")
+        subject=token.subject, tenant=claims["tenant"], actor=claims.get("actor"), method=claims.get("method", "jwt"),
+        groups=frozenset(claims.get("groups") or ()),
     )
 
 

@@ -56,6 +56,15 @@ class Identity(Caller):
     method: str = "jwt"
     groups: frozenset[str] = frozenset()
 
+    def _problem(self) -> str | None:
+        if isinstance(self.groups, str) or not isinstance(self.groups, frozenset):
+            return f"groups must be a frozenset of group: principals, not {self.groups!r}"
+        for group in sorted(self.groups):
+            problem = principal_problem(group) if isinstance(group, str) and group.startswith("group:") else None
+            if not isinstance(group, str) or not group.startswith("group:") or problem:
+                return f"claimed group {group!r} refused: {problem or 'only group: principals can be claimed'}"
+        return super()._problem()
+
     @property
     def caller(self) -> Caller:
         """The caller alone, without how it was proven."""

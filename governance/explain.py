@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .policy import Policy, Rule
-from .tags import Classification
+from .tags import EVERYONE, Classification
 from .visibility import check_row
 
 
@@ -59,7 +59,7 @@ def _path(policy: Policy, subject: str, principal: str, tenant: str) -> str:
         return principal
     steps = [path[0]]
     for member, group in pairwise(path):
-        steps.append(f"{group} ({policy.membership_origin(member, group, tenant)})")
+        steps.append(group if group == EVERYONE else f"{group} ({policy.membership_origin(member, group, tenant)})")
     return " -> ".join(steps)
 
 

@@ -431,7 +431,10 @@ class Policy:
             elif act == "read" and kind == "classification":
                 self._level_rules.setdefault((tenant, principal), []).append(rule)
         self.labels = frozenset(label for rules_of in self._label_rules.values() for label, _ in rules_of)
-        self._edges = {rule.values: rule for rule in rules if rule.ptype == "g"}
+        self._edges: dict[tuple[str, ...], Rule] = {}
+        for rule in rules:
+            if rule.ptype == "g":
+                self._edges.setdefault(rule.values, rule)  # the first line, as the role graph walks it
         self._answers: dict[tuple[str, str, str, str], Verdict] = {}
         self._clearances: dict[tuple[str, str], Clearance] = {}
 
@@ -516,12 +519,18 @@ class Policy:
         """This policy with ``subject`` a member of ``groups`` in ``tenant`` besides its own ``g``
         lines (what a trusted token's groups claim says, for one request). Its version is this
         one's with the groups' digest, so views and filters compiled under it are its own."""
+        wrong = sorted(g for g in groups if not isinstance(g, str) or not g.startswith("group:") or principal_problem(g))
+        if isinstance(groups, str) or wrong:
+            raise PolicyError(f"claimed memberships must be group: principals, not {wrong or groups!r}")
         extra = [Rule(ptype="g", values=(subject, group, tenant), line=0, origin=TOKEN) for group in sorted(groups)
                  if (subject, group, tenant) not in self._edges]  # fmt: skip
         if not extra:
             return self
-        derived = Policy([*self.rules, *extra], source=self.source, model_text=self._model_text)
-        digest = hashlib.sha256("\x1f".join([subject, tenant, *sorted(groups)]).encode("utf-8")).hexdigest()[:8]
+        try:
+            derived = Policy([*self.rules, *extra], source="the token's groups claim", model_text=self._model_text)
+        except PolicyError as exc:  # the claim would nest groups past the limit
+            raise PolicyError(f"the token's groups cannot be honoured: {exc}") from None
+        digest = hashlib.sha256("\x1f".join([subject, tenant, *sorted(groups)]).encode("utf-8")).hexdigest()[:32]
         derived.version = f"{self.version}+groups-{digest}"
         return derived
 

@@ -3,25 +3,37 @@ caller's for that request, beside the policy's own memberships; explain says whe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from support.live_server import serving
+from support.mcp_clients import mcp_over_http
 
-from ragwarden.config import AuthSettings
-from ragwarden.errors import ConfigurationError
+from ragwarden.api.http import create_app
+from ragwarden.config import AuthSettings, Settings
+from ragwarden.errors import ConfigurationError, InvalidRequestError
+from ragwarden.governance.caller import Identity
 from ragwarden.warehouse import Warehouse
 
 FINANCE_QUERY = "quarterly budget forecast"
 
 
 @pytest.fixture
-def trusting_service(serve: Callable[..., str], demo_warehouse: Warehouse, auth_settings: AuthSettings) -> str:
-    """The demo warehouse served by a service that trusts the tokens' ``groups`` claim."""
-    trusting = AuthSettings(jwt_secret=auth_settings.jwt_secret, issuer=auth_settings.issuer,
-                            audience=auth_settings.audience, groups_claim="groups")  # fmt: skip
-    return serve(demo_warehouse, auth=trusting)
+def trusting(auth_settings: AuthSettings) -> AuthSettings:
+    """The test identity provider's tokens, their ``groups`` claim trusted."""
+    return AuthSettings(jwt_secret=auth_settings.jwt_secret, issuer=auth_settings.issuer,
+                        audience=auth_settings.audience, groups_claim="groups")  # fmt: skip
+
+
+@pytest.fixture
+def trusting_service(demo_warehouse: Warehouse, trusting: AuthSettings) -> Iterator[str]:
+    """The demo warehouse served (API and MCP) by a service that trusts the tokens' ``groups`` claim."""
+    with serving(create_app(Settings(warehouse=demo_warehouse.uri, auth=trusting), warehouse=demo_warehouse)) as url:
+        yield url
 
 
 def _finance_docs(url: str, token: str) -> set[str]:
@@ -42,6 +54,18 @@ def test_a_trusted_claim_makes_its_groups_the_callers_for_that_request(
     assert _finance_docs(demo_service_url, claimed) == set(), "a service that does not trust the claim ignores it"
     receipt = demo_warehouse.audit.query(subject="user:zed", limit=3)[2]
     assert receipt.policy_version is not None and "+groups-" in receipt.policy_version
+    assert receipt.details["claimed_groups"] == ["group:finance"]
+
+
+@pytest.mark.anyio
+async def test_an_agent_over_mcp_reads_through_its_users_claimed_groups(trusting_service: str, mint: Callable[..., str]):
+    async with mcp_over_http(trusting_service, mint("zed", act="agent:notes", groups=["finance"])) as agent:
+        claimed = await agent.call_tool("search", {"query": FINANCE_QUERY, "k": 20})
+    async with mcp_over_http(trusting_service, mint("zed", act="agent:notes")) as agent:
+        unclaimed = await agent.call_tool("search", {"query": FINANCE_QUERY, "k": 20})
+    assert claimed.structured_content is not None and unclaimed.structured_content is not None
+    assert any(hit["doc_id"].startswith("acme-fin-") for hit in claimed.structured_content["hits"])
+    assert not any(hit["doc_id"].startswith("acme-fin-") for hit in unclaimed.structured_content["hits"])
 
 
 def test_what_a_claimed_group_reads_is_what_the_policy_grants_that_group(
@@ -90,14 +114,13 @@ def test_a_claim_that_is_not_a_list_of_group_names_is_refused(
 
 
 def test_a_prefix_map_renames_the_identity_providers_groups_and_ignores_the_rest(
-    serve: Callable[..., str], demo_warehouse: Warehouse, auth_settings: AuthSettings, mint: Callable[..., str]
+    serve: Callable[..., str], demo_warehouse: Warehouse, trusting: AuthSettings, mint: Callable[..., str]
 ):
-    mapped = AuthSettings(jwt_secret=auth_settings.jwt_secret, issuer=auth_settings.issuer, audience=auth_settings.audience,
-                          groups_claim="groups", groups_map={"okta-": "group:"})  # fmt: skip
+    mapped = replace(trusting, groups_map={"okta-": "group:"})
     url = serve(demo_warehouse, auth=mapped)
-    token = mint("zed", groups=["okta-finance", "Everyone", "group:staff"])
+    token = mint("zed", groups=["okta-finance", "Everyone", "group:admins", "okta-staff"])
     who = httpx.get(f"{url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
-    assert who["groups"] == ["group:finance", "group:staff"]
+    assert who["groups"] == ["group:finance", "group:staff"], "with a map, group:admins is not the provider's to name"
 
 
 def test_a_map_that_could_make_anything_but_a_group_is_refused_at_start():
@@ -105,3 +128,25 @@ def test_a_map_that_could_make_anything_but_a_group_is_refused_at_start():
         AuthSettings.from_env({"RAGWARDEN_JWT_GROUPS_CLAIM": "groups", "RAGWARDEN_JWT_GROUPS_MAP": '{"a-": "user:"}'})
     with pytest.raises(ConfigurationError, match="needs RAGWARDEN_JWT_GROUPS_CLAIM"):
         AuthSettings(groups_map={"a-": "group:"})
+
+
+def test_claimed_memberships_that_would_nest_too_deep_are_refused_not_half_honoured(
+    serve: Callable[..., str], demo_policy_warehouse: Warehouse, trusting: AuthSettings, mint: Callable[..., str],
+    tmp_path: Path,
+):  # fmt: skip
+    chain = "\n".join(f"g, group:l{n}, group:l{n + 1}, acme" for n in range(9))
+    deep = tmp_path / "deep.csv"
+    deep.write_text(f"{chain}\np, group:l9, acme, classification:public, read, allow\n", encoding="utf-8")
+    demo_policy_warehouse.install_policy(deep)
+    url = serve(demo_policy_warehouse, auth=trusting)
+    response = httpx.post(f"{url}/v1/search", json={"query": "q"}, timeout=30,
+                          headers={"Authorization": f"Bearer {mint('zed', groups=['l0'])}"})  # fmt: skip
+    assert response.status_code == 403 and "cannot be honoured" in response.json()["error"]["message"], response.text
+
+
+def test_an_identity_can_only_carry_group_principals():
+    for wrong in ({"user:bob"}, {"everyone"}, {"group:"}):
+        with pytest.raises(InvalidRequestError, match="refused"):
+            Identity(subject="user:alice", tenant="acme", groups=frozenset(wrong))
+    with pytest.raises(InvalidRequestError, match="frozenset"):
+        Identity(subject="user:alice", tenant="acme", groups="group:finance")  # type: ignore[arg-type]
