@@ -7,8 +7,8 @@ path that matched each principal and the policy line that cleared or denied each
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import pairwise
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from .policy import Policy, Rule
