@@ -398,9 +398,9 @@ class Searcher:
                 rows, exact_version = self._vector(vector, where, k, version, narrowing=narrowing)
                 ranked = [(row, 1.0 - float(row["_distance"])) for row in rows]
             elif mode == "fts":
-                ranked = self._lexical(query, narrowed(where, narrowing), k, version, reader)  # type: ignore[arg-type]
+                ranked = self._lexical(query, where, k, version, reader, narrowing)  # type: ignore[arg-type]
             else:
-                ranked = self._hybrid(query, vector, narrowed(where, narrowing), k, version, reader)  # type: ignore[arg-type]
+                ranked = self._hybrid(query, vector, where, k, version, reader, narrowing)  # type: ignore[arg-type]
             if exact_version:
                 break  # ranked from rows read at exactly this version: nothing to re-check
             latest = self.store.latest_chunks_version()
@@ -607,20 +607,31 @@ class Searcher:
         return max(INDEX_NPROBES, min(partitions, math.ceil(partitions * PROBED_VISIBLE_ROWS / visible)))
 
     def _lexical(
-        self, query: str, where: str, limit: int, version: int, reader: Reader
+        self, query: str, where: str, limit: int, version: int, reader: Reader, narrowing: Narrowing | None = None
     ) -> list[tuple[dict[str, Any], float]]:
-        """The ``limit`` best rows ``where`` admits that hold a query term, by BM25 over the
-        reader's visible rows (see ``lexical``), best first."""
-        ranked = self._lexical_rows(where, version, reader).top(query_terms(query), limit)
+        """The ``limit`` best rows ``where`` (and ``narrowing``) admits that hold a query term, by
+        BM25 over the reader's visible rows (see ``lexical``; with a filter, those it matches),
+        best first."""
+        ranked = self._lexical_rows(where, version, reader, narrowing).top(query_terms(query), limit)
         if not ranked or "text" in ranked[0][0]:
             return ranked
         found = self.store.rows([row["chunk_id"] for row, _ in ranked], columns=RESULT_COLUMNS)
         return [(found[row["chunk_id"]], score) for row, score in ranked if row["chunk_id"] in found]
 
-    def _lexical_rows(self, where: str, version: int, reader: Reader) -> LexicalRows:
-        """The reader's analysed rows under ``where`` at ``version``, held under (filter, version,
-        reader); when the table has moved on, the latest rows, held nowhere (``rank`` then sees the
-        version change and asks again)."""
+    def _lexical_rows(
+        self, where: str, version: int, reader: Reader, narrowing: Narrowing | None = None
+    ) -> LexicalRows:
+        """The reader's analysed rows under ``where`` (and ``narrowing``) at ``version``, held under
+        (filters, version, reader); when the table has moved on, the latest rows, held nowhere
+        (``rank`` then sees the version change and asks again). A filter's matches are read by id
+        through the governance filter (see ``_vector`` for why not ANDed inside Lance)."""
+        matching = self._matching(narrowing, version) if narrowing is not None else None
+        if narrowing is not None and matching is not None:
+            key = ("lexical", where, narrowing.sql, version, *reader.key)
+            found = self.visible.get(key, lambda: self._read_lexical_matching(where, matching, reader, version))
+            if found is not None:
+                return found
+        where = narrowed(where, narrowing)
         key = ("lexical", where, version, *reader.key)
         held = self.visible.get(key, lambda: self._read_lexical(where, reader, version))
         return held if held is not None else self._read_lexical(where, reader)  # type: ignore[return-value]
@@ -629,18 +640,38 @@ class Searcher:
         """The rows ``where`` admits, analysed, the statistics counting those the reader's
         post-check admits; None if the table is no longer at ``version``. Rows whose columns would
         not be kept are held by chunk id alone (the winners' columns are then read back by id)."""
-        table = self.store.read_at(version, where, RESULT_COLUMNS)
+        return self._analysed(self.store.read_at(version, where, RESULT_COLUMNS), reader)
+
+    def _read_lexical_matching(
+        self, where: str, matching: pa.Array, reader: Reader, version: int
+    ) -> LexicalRows | None:
+        """The rows ``where`` admits among ``matching`` at ``version``, analysed (None if the table
+        moved on)."""
+        if not len(matching):
+            return self._analysed(self.store.read_at(version, f"({where}) AND FALSE", RESULT_COLUMNS), reader)
+        return self._analysed(self.store.read_rows_at(version, where, matching.to_pylist(), RESULT_COLUMNS), reader)
+
+    def _analysed(self, table: pa.Table | None, reader: Reader) -> LexicalRows | None:
+        """``table``'s rows analysed for BM25 (None for None), held by chunk id alone when their
+        columns would not be kept."""
         if table is None:
             return None
         rows = LexicalRows.from_arrow(table, counted=reader.counts)
         return rows if self.visible.holds(rows.nbytes) else rows.ids_only()
 
     def _hybrid(
-        self, query: str, vector: np.ndarray | None, where: str, k: int, version: int, reader: Reader
+        self,
+        query: str,
+        vector: np.ndarray | None,
+        where: str,
+        k: int,
+        version: int,
+        reader: Reader,
+        narrowing: Narrowing | None = None,
     ) -> list[tuple[dict[str, Any], float]]:
         depth = max(k, HYBRID_CANDIDATES)
-        vector_rows, _ = self._vector(vector, where, depth, version, exact=True)
-        text_rows = [row for row, _ in self._lexical(query, where, depth, version, reader)]
+        vector_rows, _ = self._vector(vector, where, depth, version, exact=True, narrowing=narrowing)
+        text_rows = [row for row, _ in self._lexical(query, where, depth, version, reader, narrowing)]
         rows = {row["chunk_id"]: row for row in [*text_rows, *vector_rows]}
         fused = reciprocal_rank_fusion([[r["chunk_id"] for r in vector_rows], [r["chunk_id"] for r in text_rows]])
         return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]

@@ -315,3 +315,25 @@ def test_the_exact_rerun_after_a_withheld_row_keeps_the_filter(indexed_warehouse
     )  # fmt: skip
     assert found.withheld == 1, "the indexed prefilter let the secret row through; the post-check did not"
     assert len(found.hits) == K and all(hit.metadata["bucket"] < 10 for hit in found.hits)
+
+
+@pytest.mark.parametrize("mode", ["fts", "hybrid"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_filtered_text_search_ranks_what_both_filters_anded_in_lance_would(
+    hostile_metadata_warehouse: Warehouse, world: World, mode: str, data: st.DataObject, monkeypatch: pytest.MonkeyPatch
+):
+    """The matches narrowing held rows give the answer of the plain route: both filters in Lance."""
+    expression = data.draw(FILTERS)
+    caller = Caller(subject=data.draw(st.sampled_from([world.subjects[0.5], world.subjects[0.1]])), tenant=TENANT)
+    query, vector = "synthetic row", world.rows.vectors[data.draw(st.integers(0, len(world.rows.ids) - 1))]
+    policy = hostile_metadata_warehouse.policy
+
+    def answer(searcher: Searcher) -> list[tuple[str, float]]:
+        found = searcher.search(query, policy=policy, caller=caller, k=K, mode=mode, vector=vector, narrowing=narrowing(expression))
+        return [(hit.chunk_id, round(hit.score, 5)) for hit in found.hits]
+
+    routed = answer(Searcher(hostile_metadata_warehouse.store, None))  # type: ignore[arg-type]
+    plain = Searcher(hostile_metadata_warehouse.store, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(plain, "_matching", lambda narrowing, version: None)  # as if never found: both filters in Lance
+    assert routed == answer(plain)
