@@ -12,6 +12,7 @@ import httpx
 import pytest
 from support.live_server import serving
 from support.mcp_clients import mcp_over_http
+from support.readme import README_SERVICE, readme_block
 
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
@@ -150,3 +151,14 @@ def test_an_identity_can_only_carry_group_principals():
             Identity(subject="user:alice", tenant="acme", groups=frozenset(wrong))
     with pytest.raises(InvalidRequestError, match="frozenset"):
         Identity(subject="user:alice", tenant="acme", groups="group:finance")  # type: ignore[arg-type]
+
+
+def test_the_readme_example_reads_through_the_tokens_groups(trusting_service: str, mint: Callable[..., str],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    source = readme_block("zed_token")
+    assert README_SERVICE in source
+    namespace: dict[str, Any] = {"zed_token": mint("zed", groups=["fpa"])}
+    exec(compile(source.replace(README_SERVICE, trusting_service), "README.md", "exec"), namespace)  # noqa: S102 - our README
+    printed = capsys.readouterr().out
+    assert namespace["hits"] and namespace["hits"][0]["doc_id"].startswith("acme-fin-")
+    assert "(the token's groups claim)" in printed

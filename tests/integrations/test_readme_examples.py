@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support.readme import README, README_SERVICE, readme_block
 
 from ragwarden.warehouse import Warehouse
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-README_SERVICE = "http://127.0.0.1:8000"
 
 
 def readme_example(module: str) -> str:
     """The README's python block that imports ``module``."""
     return readme_block(f"from {module} import")
-
-
-def readme_block(marker: str) -> str:
-    """The README's one python block that holds ``marker``."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    (block,) = [b for b in blocks if marker in b]
-    return block
 
 
 @pytest.fixture
