@@ -34,7 +34,7 @@ import jwt
 from .config import AuthSettings
 from .errors import AuthenticationError, InvalidRequestError, NotFoundError
 from .governance.caller import Identity
-from .governance.tags import actor_problem, principal_problem, tenant_problem
+from .governance.tags import actor_problem, group_problem, principal_problem, tenant_problem
 from .state.api_keys import ApiKeyRow, ApiKeysTable
 from .state.tables import connect
 
@@ -296,7 +296,7 @@ class Authenticator:
             group = _claimed_group(value, self.settings.groups_map)
             if group is None:
                 continue
-            problem = principal_problem(group)
+            problem = group_problem(group)
             if problem:
                 raise AuthenticationError(f"token claim {name!r} value {value!r} refused: {problem}")
             groups.add(group)

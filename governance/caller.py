@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
-from .tags import actor_problem, principal_problem, tenant_problem
+from .tags import actor_problem, group_problem, principal_problem, tenant_problem
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,10 +59,9 @@ class Identity(Caller):
     def _problem(self) -> str | None:
         if isinstance(self.groups, str) or not isinstance(self.groups, frozenset):
             return f"groups must be a frozenset of group: principals, not {self.groups!r}"
-        for group in sorted(self.groups):
-            problem = principal_problem(group) if isinstance(group, str) and group.startswith("group:") else None
-            if not isinstance(group, str) or not group.startswith("group:") or problem:
-                return f"claimed group {group!r} refused: {problem or 'only group: principals can be claimed'}"
+        problems = [problem for problem in map(group_problem, sorted(self.groups, key=repr)) if problem]
+        if problems:
+            return f"claimed group refused: {problems[0]}"
         return super()._problem()
 
     @property

@@ -29,7 +29,7 @@ from casbin.rbac import RoleManager
 from ..errors import InvalidPolicyError, PolicyError
 from ..policies import policy_file
 from .operations import GRANTED_OPERATIONS
-from .tags import EVERYONE, Classification, label_problem, principal_problem, tenant_problem
+from .tags import EVERYONE, Classification, group_problem, label_problem, principal_problem, tenant_problem
 
 OPERATIONS = GRANTED_OPERATIONS
 EFFECTS = frozenset({"allow", "deny"})
@@ -519,9 +519,9 @@ class Policy:
         """This policy with ``subject`` a member of ``groups`` in ``tenant`` besides its own ``g``
         lines (what a trusted token's groups claim says, for one request). Its version is this
         one's with the groups' digest, so views and filters compiled under it are its own."""
-        wrong = sorted(g for g in groups if not isinstance(g, str) or not g.startswith("group:") or principal_problem(g))
+        wrong = [problem for problem in map(group_problem, sorted(groups, key=repr)) if problem]
         if isinstance(groups, str) or wrong:
-            raise PolicyError(f"claimed memberships must be group: principals, not {wrong or groups!r}")
+            raise PolicyError(f"claimed memberships must be group: principals: {wrong[0] if wrong else repr(groups)}")
         extra = [Rule(ptype="g", values=(subject, group, tenant), line=0, origin=TOKEN) for group in sorted(groups)
                  if (subject, group, tenant) not in self._edges]  # fmt: skip
         if not extra:

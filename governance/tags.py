@@ -76,6 +76,14 @@ def principal_problem(value: object) -> str | None:
     return None
 
 
+def group_problem(value: object) -> str | None:
+    """Why ``value`` is not a group principal (``group:NAME``), or None: what a membership from
+    outside the policy (a token's groups claim) may name, never a user, a service or everyone."""
+    if not isinstance(value, str) or not value.startswith("group:"):
+        return f"{value!r} is not a group: only group:NAME can be claimed"
+    return principal_problem(value)
+
+
 ACTOR_KINDS = ("agent", "service")
 
 

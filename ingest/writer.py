@@ -41,9 +41,7 @@ def whole_document(record: SourceRecord) -> list[tuple[Chunk, str]]:
 
 def _same_vector(stored: list[float] | None, brought: tuple[float, ...]) -> bool:
     """Whether the vector kept for a record's chunk is the one it brings (as float32 keeps it)."""
-    return stored is not None and len(stored) == len(brought) and bool(
-        np.allclose(np.asarray(stored, dtype=np.float32), np.asarray(brought, dtype=np.float32), rtol=0, atol=0)
-    )
+    return stored is not None and np.array_equal(np.asarray(stored, dtype=np.float32), np.asarray(brought, dtype=np.float32))
 
 
 def chunk_id(tenant: str, doc_id: str, doc_version: str, position: int, text: str) -> str:
@@ -129,13 +127,13 @@ class DocumentWriter:
     def decide(self, records: Sequence[SourceRecord]) -> BatchPlan:
         """Which records of one batch changed (and will be written) and which are unchanged."""
         states = self.store.source_states(r.key for r in records)
-        brought = {whole_document(r)[0][1]: r.vector for r in records if r.vector is not None}
-        stored = self.store.vectors_of(brought) if brought else {}
+        brought = {r.key: whole_document(r)[0][1] for r in records if r.vector is not None}  # its one chunk id
+        stored = self.store.vectors_of(brought.values()) if brought else {}
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
         for record in records:
             state = states.get(record.key)
-            same_vector = record.vector is None or _same_vector(stored.get(whole_document(record)[0][1]), record.vector)
+            same_vector = record.vector is None or _same_vector(stored.get(brought[record.key]), record.vector)
             if state is not None and same_vector and (state.doc_version, state.tags_fingerprint, state.uri, state.metadata) == (
                 record.version,
                 record.tags.fingerprint(),

@@ -162,7 +162,6 @@ class _Literal:
 class _Target:
     """What a filter names: a metadata field (by its JSON path) or a column."""
 
-    name: str
     column: str | None  # None: a metadata field
     path: str = ""
 
@@ -239,7 +238,7 @@ def _target(name: str, at: str) -> _Target:
             f"{', '.join([*TEXT_COLUMNS, TIME_COLUMN])} (for a metadata field called {name!r}, write {METADATA_PREFIX}{name})"
         )
     if name in TEXT_COLUMNS or name == TIME_COLUMN:
-        return _Target(name=name, column=name)
+        return _Target(column=name)
     return _metadata_field(name, at)
 
 
@@ -248,7 +247,7 @@ def _metadata_field(key: str, at: str) -> _Target:
         raise InvalidRequestError(f"{at}: a metadata field name has 1 to {MAX_NAME_CHARS} characters")
     if '"' in key or "\\" in key or not key.isprintable():
         raise InvalidRequestError(f"{at}: metadata field {key!r} holds a quote, a backslash or a control character")
-    return _Target(name=key, column=None, path=f'$["{key}"]')
+    return _Target(column=None, path=f'$["{key}"]')
 
 
 def _quoted(value: str, at: str) -> str:

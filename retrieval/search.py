@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, get_args
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +61,18 @@ QUERY_BATCH = 64
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 
 V = TypeVar("V")
+
+
+class Narrowable(Protocol):
+    """A held set of rows that a narrowing filter's matches can cut (``VisibleRows``, ``ResidentView``)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def narrowed(self, chunk_ids: pa.Array) -> Self: ...
+
+
+N = TypeVar("N", bound=Narrowable)
 
 
 class LruCache(Generic[V]):
@@ -462,7 +474,7 @@ class Searcher:
         plan = "flat" if exact else self.plan(where, version)
         if narrowing is not None and narrow is None:  # no matches read at this version: Lance, both filters
             return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, None), False
-        held = plan == "resident" or (plan == "flat" and self.visible.fits(self._count(where, version), self.store.dimension))
+        held = plan == "resident" or self._scans_held(plan, vector, where, version)
         if narrow is not None and vector is not None and not held and len(narrow[1]) <= IN_LIST_MAX_IDS:
             few = self._few_matching(vector, where, narrow[0], narrow[1], limit, version)
             if few is not None:
@@ -472,7 +484,7 @@ class Searcher:
             if found is not None:
                 return found, True
             plan = "index" if self._indexed[1] else "flat"
-        if plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension):
+        if self._scans_held(plan, vector, where, version):
             visible = self._held(where, version, narrow)
             if visible is not None:
                 return [{**row, "_distance": 1.0 - score} for row, score in visible.top(vector, limit)], True
@@ -480,6 +492,10 @@ class Searcher:
         if matching is not None:  # both filters' rows, as if independent: an underestimate probes more
             visible_rows = max(1, round(visible_rows * len(matching) / max(1, self._count("", version))))
         return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, visible_rows), False
+
+    def _scans_held(self, plan: str, vector: np.ndarray | None, where: str, version: int) -> bool:
+        """Whether ``plan`` is an exact scan of rows this process holds (or would hold) in memory."""
+        return plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension)
 
     def _through_lance(
         self, vector: np.ndarray | None, where: str, plan: str, limit: int, version: int, visible_rows: int | None
@@ -503,19 +519,22 @@ class Searcher:
         """The rows ``where`` admits at ``version``, held (None if the table moved on), narrowed
         to a filter's matches at that version when one is given."""
         visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
-        if visible is None or narrow is None:
-            return visible
-        base, (narrowing, matching) = visible, narrow
-        return self.visible.get(("narrowed", where, narrowing.sql, version), lambda: base.narrowed(matching))
+        return self._narrowed_set(visible, ("narrowed", where, version), narrow)
+
+    def _narrowed_set(self, held: N | None, key: tuple[Any, ...], narrow: tuple[Narrowing, pa.Array] | None) -> N | None:
+        """``held`` (rows read at one version, or None) cut to a filter's matches at that version,
+        kept under ``key`` and the filter; ``held`` itself without a filter."""
+        if held is None or narrow is None:
+            return held
+        narrowing, matching = narrow
+        return self.visible.get((*key, narrowing.sql), lambda: held.narrowed(matching))
 
     def _few_matching(
         self, vector: np.ndarray, where: str, narrowing: Narrowing, matching: pa.Array, limit: int, version: int
     ) -> list[dict[str, Any]] | None:
         """The ``limit`` nearest of the few rows ``narrowing`` matches (``matching``) that
         ``where`` admits at ``version``, read by id and scanned exactly; None if the table moved on."""
-        if not len(matching):
-            return []
-        key = ("narrowed", where, narrowing.sql, version)
+        key = ("narrowed", where, version, narrowing.sql)  # the key _held narrows under: the same rows
         held = self.visible.get(key, lambda: self._read_matching(where, matching.to_pylist(), version))
         if held is None:
             return None
@@ -560,9 +579,7 @@ class Searcher:
         if index is None or not np.isfinite(norm) or norm == 0:
             return None
         view = self.visible.get(("resident", where, version, index.version), lambda: self.serving.view(index, where, version))
-        if view is not None and narrow is not None:
-            base, (narrowing, matching) = view, narrow
-            view = self.visible.get(("resident", where, narrowing.sql, version, index.version), lambda: base.narrowed(matching))
+        view = self._narrowed_set(view, ("resident", where, version, index.version), narrow)
         if view is None:
             return None
         ranked = view.nearest(np.asarray(vector, dtype=np.float32) / norm, limit)
@@ -647,8 +664,6 @@ class Searcher:
     ) -> LexicalRows | None:
         """The rows ``where`` admits among ``matching`` at ``version``, analysed (None if the table
         moved on)."""
-        if not len(matching):
-            return self._analysed(self.store.read_at(version, f"({where}) AND FALSE", RESULT_COLUMNS), reader)
         return self._analysed(self.store.read_rows_at(version, where, matching.to_pylist(), RESULT_COLUMNS), reader)
 
     def _analysed(self, table: pa.Table | None, reader: Reader) -> LexicalRows | None:

@@ -180,7 +180,7 @@ class Store:
     def _upgrade_tables(self) -> None:
         """Bring tables written by an earlier release to the current schema, in place: ``sources``
         gains its ``chunks_version`` stamp (0: older than any commit to come), ``chunks`` its
-        ``metadata`` (null: none; a document's next re-ingest with metadata writes it), and
+        ``metadata`` (each chunk its source record's, see ``_backfill_metadata``), and
         ``policies`` its commit order ``seq`` (the installs so far numbered by their install time,
         the only order they recorded)."""
         present = set(self._db.list_tables().tables)
@@ -482,6 +482,8 @@ class Store:
     def read_rows_at(self, version: int, where: str, chunk_ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
         """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if the table moved
         on): by an IN list, or past ``IN_LIST_MAX_IDS`` ids by reading every admitted row once."""
+        if not chunk_ids:  # no rows, with the columns' types, and the version still checked
+            return self.read_at(version, f"({where}) AND FALSE", columns)
         if len(chunk_ids) <= IN_LIST_MAX_IDS:
             return self.read_at(version, f"({where}) AND chunk_id IN {sql_in_list(chunk_ids)}", columns)
         table = self.read_at(version, where, columns)

@@ -176,13 +176,20 @@ def test_each_retrieval_leaves_a_receipt_with_its_purpose(demo_warehouse: Wareho
     assert list(receipt.chunk_ids) == [d.id for d in documents]
 
 
-@pytest.mark.parametrize("place", ["in process", "over the service"])
+@pytest.fixture(params=["in process", "over the service"])
+def carols_binding(
+    request: pytest.FixtureRequest, demo_warehouse: Warehouse, demo_service_url: str, mint: Callable[..., str]
+) -> dict[str, Any]:
+    """A retriever's binding to carol in acme: the demo warehouse in process, or its service and her token."""
+    if request.param == "over the service":
+        return {"url": demo_service_url, "token": mint("carol")}
+    return {"warehouse": demo_warehouse, "subject": "user:carol", "tenant": "acme"}
+
+
 def test_a_retriever_collapses_by_document_as_the_warehouse_does(
-    demo_warehouse: Warehouse, demo_service_url: str, mint: Callable[..., str], place: str
+    demo_warehouse: Warehouse, carols_binding: dict[str, Any]
 ) -> None:
-    where: dict[str, Any] = {"warehouse": demo_warehouse, "subject": "user:carol", "tenant": "acme"}
-    if place == "over the service":
-        where = {"url": demo_service_url, "token": mint("carol")}
+    where = carols_binding
     documents = WardenRetriever(**where, k=6, group_by="doc", per_group=1, distinct=True).invoke(LEGAL_QUERY)
     hits = demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=6, group_by="doc", distinct=True)
     assert [d.id for d in documents] == [h.chunk_id for h in hits]
@@ -191,13 +198,10 @@ def test_a_retriever_collapses_by_document_as_the_warehouse_does(
         WardenRetriever(**where, group_by="doc", per_group=0)
 
 
-@pytest.mark.parametrize("place", ["in process", "over the service"])
 def test_documents_carry_the_records_metadata_and_search_kwargs_filter_narrows(
-    demo_warehouse: Warehouse, demo_service_url: str, mint: Callable[..., str], place: str
+    demo_warehouse: Warehouse, carols_binding: dict[str, Any]
 ) -> None:
-    where: dict[str, Any] = {"warehouse": demo_warehouse, "subject": "user:carol", "tenant": "acme"}
-    if place == "over the service":
-        where = {"url": demo_service_url, "token": mint("carol")}
+    where = carols_binding
     (document,) = WardenRetriever(**where, k=1).invoke(LEGAL_QUERY)
     hit = demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=1)[0]
     assert document.metadata["source"] == hit.source_uri and document.metadata["title"] == hit.metadata["title"]
