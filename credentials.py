@@ -34,7 +34,7 @@ import jwt
 from .config import AuthSettings
 from .errors import AuthenticationError, InvalidRequestError, NotFoundError
 from .governance.caller import Identity
-from .governance.tags import actor_problem, group_problem, principal_problem, tenant_problem
+from .governance.tags import actor_problem, group_named, group_problem, principal_problem, tenant_problem, user_named
 from .state.api_keys import ApiKeyRow, ApiKeysTable
 from .state.tables import connect
 
@@ -256,7 +256,7 @@ class Authenticator:
         sub = claims["sub"]
         if not isinstance(sub, str) or not sub:
             raise AuthenticationError("token sub must be text")
-        subject = sub if sub.startswith("user:") else f"user:{sub}"
+        subject = user_named(sub)
         tenant = claims.get(self.settings.tenant_claim)
         problem = principal_problem(subject)
         if problem:
@@ -310,7 +310,7 @@ def _claimed_group(value: str, prefixes: Mapping[str, str]) -> str | None:
     """The principal a groups-claim value names (None: not one of ours). With a map, every value
     goes through it, ``group:NAME`` too: a map confines the provider's groups to what it names."""
     if not prefixes:
-        return value if value.startswith("group:") else f"group:{value}"
+        return group_named(value)
     matched = max((prefix for prefix in prefixes if value.startswith(prefix)), key=len, default=None)
     return None if matched is None else prefixes[matched] + value[len(matched):]
 

@@ -100,6 +100,8 @@ class PermissionGate:
 
         if caller is None:
             return permit(True, f"{operation} run by the operator")
+        if policy is not None and (caller.subject, caller.tenant) in policy.deactivated:
+            return permit(False, f"{caller.subject} is deactivated in {caller.tenant} by the identity provider (SCIM)")
         if need is Need.READ:
             return permit(True, "rows are decided one by one")
         if policy is None:

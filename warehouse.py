@@ -26,6 +26,7 @@ from .errors import (
     InvalidSourceError,
     NotFoundError,
     PermissionDeniedError,
+    PolicyError,
     WarehouseError,
 )
 from .gate import ANY_TENANT, OPERATOR, Need, Permission, PermissionGate
@@ -37,6 +38,7 @@ from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSum
 from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.policy_in_force import PolicyInForce
+from .governance.provisioned import ProvisionedPolicy
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
@@ -47,7 +49,7 @@ from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, access_review, inventory
 from .retrieval.search import Searcher, SearchResult, require_reader
 from .retrieval.serving import ServingStatus, store_artifact
-from .state import Store
+from .state import DirectoryRow, DirectoryTable, Store
 
 PathLike = str | Path
 T = TypeVar("T")
@@ -75,6 +77,8 @@ class Warehouse:
             self._policy.current()  # a bad file is refused at once, naming its line
         else:
             self._policy = PolicyInForce(load=self._installed_policy, stamp=lambda: self.store.policies_version)
+        self._provisioned = ProvisionedPolicy(version=lambda: self.store.directory_version,
+                                              rows_at=self.store.directory.governing_rows)  # fmt: skip
         self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks_version,
                                     fresh=self.store.pinned)  # fmt: skip
         self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes,
@@ -148,8 +152,9 @@ class Warehouse:
     @property
     def policy(self) -> Policy | None:
         """The policy in force: the file given when opening, else the latest installed, else None;
-        re-read when it changes, the last good one kept if the change does not load."""
-        return self._policy.current()
+        re-read when it changes, the last good one kept if the change does not load; with the
+        memberships and deactivations an identity provider provisioned (``provisioned``)."""
+        return self._provisioned.over(self._policy.current())
 
     @property
     def policy_problem(self) -> str | None:
@@ -170,6 +175,7 @@ class Warehouse:
     def install_policy(self, path: PathLike) -> Policy:
         """Validate a policy file and make it the warehouse's own (versioned; old ones are kept)."""
         policy = Policy.from_file(path)
+        self._provisioned.over(policy)  # refused if it cannot combine with what was provisioned
         self.store.install_policy(policy)
         return policy
 
@@ -207,8 +213,11 @@ class Warehouse:
                     raise PermissionDeniedError(f"installing this policy needs admin in {other}, which {who.subject} lacks")
             try:
                 policy = Policy(rules, source=source, source_text=text)  # checks the role graph, builds the enforcer
+                self._provisioned.over(policy)  # and that it combines with what was provisioned
             except InvalidPolicyError as exc:
                 raise refused_line(exc) from None
+            except PolicyError as exc:
+                raise InvalidRequestError(str(exc)) from None
             self.store.install_policy(policy)
             return policy
 
@@ -219,6 +228,19 @@ class Warehouse:
             install,
             lambda policy: {"reason": f"installed policy {policy.version} ({len(policy.rules)} rules)"},
         )
+
+    def provision(
+        self, run: Callable[[DirectoryTable], T], describe: Callable[[T], Mapping[str, Any]], *, caller: Caller
+    ) -> T:
+        """Run one request of the identity provider (``api.scim``) on the warehouse's directory of
+        users and groups, for ``caller``'s tenant, if the policy grants it ``provision`` there;
+        recorded, allowed or refused, with what ``describe`` says of the result."""
+        return self._gate.run(Operation.PROVISION, caller, Need.GRANT, lambda _: run(self.store.directory), describe)
+
+    def check_directory(self, tenant: str, rows: Sequence[DirectoryRow]) -> None:
+        """Raise ``PolicyError`` if ``tenant``'s directory, were it ``rows``, would not combine with
+        the policy in force (a membership nesting groups past the limit): checked before a write."""
+        self._provisioned.check(self._policy.current(), tenant, rows)
 
     # -- ingest -------------------------------------------------------------------------------
 

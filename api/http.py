@@ -54,6 +54,7 @@ from .http_models import (
     SyncResponse,
 )
 from .limits import BodyLimit
+from .scim import mount_scim
 
 MCP_PATH = "/mcp"
 MAX_RECEIPTS = 1000
@@ -259,6 +260,7 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         return PolicyResponse(version=policy.version, rules=len(policy.rules), tenants=sorted(policy.tenants))
 
     mount_console(app)
+    mount_scim(app, warehouse, authenticator)
     if mcp_server is not None:
         app.mount(MCP_PATH, mcp_server.streamable_http_app())
     return app

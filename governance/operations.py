@@ -18,6 +18,7 @@ class Operation(StrEnum):
     EXPLAIN = "explain"
     AUDIT = "audit"
     ADMIN = "admin"
+    PROVISION = "provision"  # users and groups from the identity provider (SCIM)
 
     @property
     def granted(self) -> bool:

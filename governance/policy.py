@@ -18,7 +18,7 @@ import csv
 import gc
 import hashlib
 import io
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -48,7 +48,8 @@ _V = TypeVar("_V")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rule:
     """One policy line: ``ptype`` is ``p`` or ``g``; ``line`` its number in the source;
-    ``origin`` where it came from (``TOKEN``: a membership the caller's token claimed)."""
+    ``origin`` where it came from: ``POLICY`` (a line of the text), ``TOKEN`` (a membership the
+    caller's token claimed), or else the provisioned group that made it (``with_provisioned``)."""
 
     ptype: str
     values: tuple[str, ...]
@@ -56,6 +57,8 @@ class Rule:
     origin: str = "policy"
 
 
+POLICY = "policy"
+"""The origin of a line of the policy's text."""
 TOKEN = "token"
 """The origin of a membership a token's groups claim named (``Policy.with_memberships``)."""
 
@@ -437,6 +440,8 @@ class Policy:
                 self._edges.setdefault(rule.values, rule)  # the first line, as the role graph walks it
         self._answers: dict[tuple[str, str, str, str], Verdict] = {}
         self._clearances: dict[tuple[str, str], Clearance] = {}
+        self.deactivated: frozenset[tuple[str, str]] = frozenset()
+        """(subject, tenant) pairs the identity provider deactivated: refused everything there."""
 
     @classmethod
     def from_text(cls, text: str, source: str = "<policy>") -> Policy:
@@ -513,7 +518,9 @@ class Policy:
         rule = self._edges.get((member, group, tenant))
         if rule is None:
             return "everyone" if group == EVERYONE else "unknown"
-        return "the token's groups claim" if rule.origin == TOKEN else f"policy line {rule.line}"
+        if rule.origin == POLICY:
+            return f"policy line {rule.line}"
+        return "the token's groups claim" if rule.origin == TOKEN else rule.origin
 
     def with_memberships(self, subject: str, tenant: str, groups: frozenset[str]) -> Policy:
         """This policy with ``subject`` a member of ``groups`` in ``tenant`` besides its own ``g``
@@ -526,12 +533,33 @@ class Policy:
                  if (subject, group, tenant) not in self._edges]  # fmt: skip
         if not extra:
             return self
+        digest = hashlib.sha256("\x1f".join([subject, tenant, *sorted(groups)]).encode("utf-8")).hexdigest()[:32]
         try:
-            derived = Policy([*self.rules, *extra], source="the token's groups claim", model_text=self._model_text)
+            return self._extended(extra, source="the token's groups claim", suffix=f"groups-{digest}")
         except PolicyError as exc:  # the claim would nest groups past the limit
             raise PolicyError(f"the token's groups cannot be honoured: {exc}") from None
-        digest = hashlib.sha256("\x1f".join([subject, tenant, *sorted(groups)]).encode("utf-8")).hexdigest()[:32]
-        derived.version = f"{self.version}+groups-{digest}"
+
+    def with_provisioned(
+        self, memberships: Sequence[Rule], *, deactivated: frozenset[tuple[str, str]], digest: str
+    ) -> Policy:
+        """This policy with the memberships an identity provider provisioned (``g`` rules whose
+        origin names the provisioned group) and the subjects it deactivated. Its version is this
+        one's with ``digest`` (of what was provisioned), so a change there is a new version."""
+        extra = [rule for rule in memberships if rule.values not in self._edges]
+        if not extra and not deactivated:
+            return self
+        try:
+            derived = self._extended(extra, source="provisioned memberships", suffix=f"scim-{digest}")
+        except PolicyError as exc:  # a provisioned membership would close a cycle or nest too deep
+            raise PolicyError(f"the provisioned memberships cannot be combined with policy {self.version}: {exc}") from None
+        derived.deactivated = deactivated | self.deactivated
+        return derived
+
+    def _extended(self, extra: Sequence[Rule], *, source: str, suffix: str) -> Policy:
+        """This policy's rules and ``extra``, under version ``{this version}+{suffix}``."""
+        derived = Policy([*self.rules, *extra], source=source, model_text=self._model_text)
+        derived.version = f"{self.version}+{suffix}"
+        derived.deactivated = self.deactivated
         return derived
 
     def rules_for(self, subject: str, tenant: str, obj: str) -> list[Rule]:

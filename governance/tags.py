@@ -76,6 +76,18 @@ def principal_problem(value: object) -> str | None:
     return None
 
 
+def user_named(name: str) -> str:
+    """The user principal an identity provider's name for a user (a token's ``sub``, a SCIM
+    ``userName``) stands for: ``user:NAME``, unless it is one already."""
+    return name if name.startswith("user:") else f"user:{name}"
+
+
+def group_named(name: str) -> str:
+    """The group principal an identity provider's group name (a groups-claim value, a SCIM
+    ``displayName``) stands for: ``group:NAME``, unless it is one already."""
+    return name if name.startswith("group:") else f"group:{name}"
+
+
 def group_problem(value: object) -> str | None:
     """Why ``value`` is not a group principal (``group:NAME``), or None: what a membership from
     outside the policy (a token's groups claim) may name, never a user, a service or everyone."""

@@ -1,15 +1,17 @@
 """State: the only door to the warehouse's LanceDB tables.
 
-Every table (chunks, sources, the clause and label registries, policies, audit, api_keys), its
-schema and indexes, commit retries, version pruning and damage checks live here, and so does the
-one place a Lance failure becomes a ``WarehouseError``. What leaves is rows, counts and versions,
-never a Lance table: the layers above (ingest, retrieval, the face) ask typed questions.
+Every table (chunks, sources, the clause and label registries, policies, audit, api_keys, the
+directory of provisioned users and groups), its schema and indexes, commit retries, version
+pruning and damage checks live here, and so does the one place a Lance failure becomes a
+``WarehouseError``. What leaves is rows, counts and versions, never a Lance table: the layers
+above (ingest, retrieval, the face) ask typed questions.
 """
 
 from __future__ import annotations
 
 from .api_keys import ApiKeysTable
 from .audit_table import AuditTable
+from .directory import DirectoryRow, DirectorySnapshot, DirectoryTable
 from .files import WarehouseFiles
 from .indexing import VECTOR_INDEX_MIN_ROWS, IndexReport, vector_index_partitions
 from .schema import TAG_COLUMNS, chunks_schema
@@ -26,6 +28,9 @@ __all__ = [
     "AuditTable",
     "ChunkWrite",
     "ChunksSnapshot",
+    "DirectoryRow",
+    "DirectorySnapshot",
+    "DirectoryTable",
     "DocumentKey",
     "IndexReport",
     "InstalledPolicy",

@@ -1,8 +1,9 @@
 """One freshness check per request: the versions of every table a read depends on, read together.
 
-A search depends on four tables (``chunks``, ``policies``, ``acl_clauses``, ``labels``); reading
-each one's latest version when it is first needed cost four to five round trips a request.
-``Store.versions()`` reads all four at once (in parallel, so about one round trip on object storage)
+A search depends on five tables (``chunks``, ``policies``, ``acl_clauses``, ``labels``, and the
+``directory`` of provisioned memberships); reading each one's latest version when it is first
+needed cost a round trip each.
+``Store.versions()`` reads all five at once (in parallel, so about one round trip on object storage)
 and ``Store.pinned()`` holds them for the rest of one request.
 
 Concurrent requests share a check (``SingleFlight``), but only one that *started after they
@@ -28,6 +29,7 @@ class Versions:
     policies: int
     clauses: int
     labels: int
+    directory: int
 
 
 class SingleFlight(Generic[T]):

@@ -16,6 +16,7 @@ LABELS = "labels"
 AUDIT = "audit"
 AUDIT_CHECKPOINTS = "audit_checkpoints"
 API_KEYS = "api_keys"
+DIRECTORY = "directory"
 
 TAG_COLUMNS = ("tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification")
 

@@ -29,6 +29,7 @@ from ..governance.tags import GovernanceTags
 from .api_keys import ApiKeysTable
 from .audit_journal import ReceiptJournal
 from .audit_table import AuditTable
+from .directory import DirectoryTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
 from .files import RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .freshness import SingleFlight, Versions
@@ -122,7 +123,7 @@ class PolicyText(Protocol):
 @names_storage_failures
 class Store:
     """The warehouse's tables (``chunks``, ``sources``, ``acl_clauses``, ``labels``, ``policies``,
-    ``audit``, ``api_keys``) behind typed operations; the one object that owns storage."""
+    ``audit``, ``api_keys``, ``directory``) behind typed operations; the one object that owns storage."""
 
     def __init__(self, uri: str, *, dimension: int, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
@@ -147,6 +148,7 @@ class Store:
         self._lock = threading.Lock()
         backfill = LABELS not in self._db.list_tables().tables
         self._labels = self._table(LABELS, LABELS_SCHEMA)
+        self._directory = DirectoryTable(self._db)  # opened here: every freshness check reads its version
         if backfill:
             self.register_labels(self._labels_in_rows())
 
@@ -258,14 +260,15 @@ class Store:
             else:
                 clauses, labels = int(self._clauses.version), int(self._labels.version)
                 self._registries_seen = (chunks, clauses, labels)
-            return Versions(chunks=chunks, policies=policies, clauses=clauses, labels=labels)
-        others = (self._policies, self._clauses, self._labels)
+            return Versions(chunks=chunks, policies=policies, clauses=clauses, labels=labels,
+                            directory=self._directory.version)  # fmt: skip
+        others = (self._policies, self._clauses, self._labels, self._directory)
         if self._version_pool is None or self._version_pool[0] != os.getpid():  # a forked child needs its own threads
             self._version_pool = (os.getpid(), ThreadPoolExecutor(max_workers=len(others), thread_name_prefix="versions"))
         pending = [self._version_pool[1].submit(lambda table=table: int(table.version)) for table in others]
-        chunks = int(self._chunks.version)  # object storage: four round trips at once, about one's time
-        policies, clauses, labels = (future.result() for future in pending)
-        return Versions(chunks=chunks, policies=policies, clauses=clauses, labels=labels)
+        chunks = int(self._chunks.version)  # object storage: five round trips at once, about one's time
+        policies, clauses, labels, directory = (future.result() for future in pending)
+        return Versions(chunks=chunks, policies=policies, clauses=clauses, labels=labels, directory=directory)
 
     @contextmanager
     def pinned(self) -> Iterator[Versions]:
@@ -285,6 +288,17 @@ class Store:
     def _pin(self) -> Versions | None:
         held = _PINNED.get()
         return held[1] if held is not None and held[0] == id(self) else None
+
+    @property
+    def directory(self) -> DirectoryTable:
+        """The users and groups provisioned over SCIM (``state.directory``)."""
+        return self._directory
+
+    @property
+    def directory_version(self) -> int:
+        """The ``directory`` table's version: the request's freshness check's, inside ``pinned``."""
+        pin = self._pin()
+        return pin.directory if pin is not None else self._directory.version
 
     def _clauses_version(self) -> int:
         pin = self._pin()
@@ -692,7 +706,8 @@ class Store:
     def _tidy_logs(self) -> None:
         """Merge the small files of the append-only tables (``audit``, ``api_keys``) and drop their
         versions older than ``tables.VERSIONS_KEPT``: neither ever deletes a row, so an old version
-        holds nothing the latest does not (a reader still on one keeps its files for that long)."""
+        holds nothing the latest does not (a reader still on one keeps its files for that long).
+        The ``directory`` too: a user the identity provider deleted leaves no old version behind."""
         present = set(self._db.list_tables().tables)
         if AUDIT in present:
             if self._audit is None:  # opened, never created (it is there): its key check is not needed
@@ -700,6 +715,7 @@ class Store:
             retrying_conflicts(self._audit.compact, what="compacting the audit log")
         if API_KEYS in present:
             retrying_conflicts(self.api_keys.compact, what="compacting the API keys")
+        retrying_conflicts(self._directory.compact, what="compacting the directory")
 
     # -- policies -------------------------------------------------------------------------
 

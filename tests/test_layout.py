@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # subpackage -> ragwarden modules it must never import: the rules know no storage, the state layer
 # no caller of it, and the interfaces reach storage only through the face.
-FACE = ("ragwarden.warehouse", "ragwarden.gate", "ragwarden.credentials")
+FACE = ("ragwarden.warehouse", "ragwarden.gate", "ragwarden.credentials", "ragwarden.provisioning")
 FORBIDDEN = {
     "governance": ("ragwarden.ingest", "ragwarden.retrieval", "ragwarden.api", "ragwarden.state", "ragwarden.embedder",
                    "ragwarden.integrations", *FACE),

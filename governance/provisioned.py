@@ -1,0 +1,131 @@
+"""Memberships an identity provider provisioned (SCIM), laid over the policy in force.
+
+The directory (``state.directory``) holds each tenant's users and groups as the provider sent them.
+Here they become what the policy decides with: ``g`` rules (member user, group, tenant) whose origin
+names the provisioned group, so ``explain`` says where a membership came from, and the set of
+users the provider deactivated, who are refused everything in that tenant. Only active users'
+memberships count; a member id naming no user of the tenant counts for nothing.
+
+The combined policy is rebuilt only when the base policy or what was provisioned changes; the
+directory's version is part of every request's freshness check, so a membership removed on any
+replica is gone from every replica's next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .policy import Policy, Rule
+
+USER = "User"
+GROUP = "Group"
+COMBINED_KEPT = 4
+"""Combined policies kept, by (base version, provisioned digest): a few, for a policy being replaced."""
+
+
+class ProvisionedRow(Protocol):
+    """What a directory row tells governance (``state.directory.DirectoryRow``)."""
+
+    tenant: str
+    resource_type: str
+    resource_id: str
+    principal: str | None
+    active: bool | None
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provisioned:
+    """Every tenant's provisioned memberships (``g`` rules) and deactivated (subject, tenant)
+    pairs, with a digest of both that names this state in the policy's version."""
+
+    memberships: tuple[Rule, ...]
+    deactivated: frozenset[tuple[str, str]]
+    digest: str
+
+    @property
+    def empty(self) -> bool:
+        return not self.memberships and not self.deactivated
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[ProvisionedRow]) -> Provisioned:
+        users: dict[tuple[str, str], tuple[str, bool]] = {}
+        groups: list[ProvisionedRow] = []
+        for row in rows:
+            if row.principal is None:
+                continue
+            if row.resource_type == USER:
+                users[(row.tenant, row.resource_id)] = (row.principal, row.active is not False)
+            elif row.resource_type == GROUP:
+                groups.append(row)
+        memberships: dict[tuple[str, str, str], Rule] = {}
+        for group in sorted(groups, key=lambda g: (g.tenant, g.principal or "", g.resource_id)):
+            assert group.principal is not None
+            origin = f"SCIM group {group.principal.removeprefix('group:')!r} (id {group.resource_id})"
+            for member in group.members:
+                user = users.get((group.tenant, member))
+                if user is not None and user[1]:
+                    values = (user[0], group.principal, group.tenant)
+                    memberships.setdefault(values, Rule(ptype="g", values=values, line=0, origin=origin))
+        deactivated = frozenset((principal, tenant) for (tenant, _), (principal, active) in users.items() if not active)
+        digest = hashlib.sha256()
+        for values in sorted(memberships):
+            digest.update(("\x1e" + "\x1f".join(values)).encode("utf-8"))
+        for subject, tenant in sorted(deactivated):
+            digest.update(("\x1d" + subject + "\x1f" + tenant).encode("utf-8"))
+        return cls(memberships=tuple(memberships[key] for key in sorted(memberships)), deactivated=deactivated,
+                   digest=digest.hexdigest()[:32])  # fmt: skip
+
+
+class ProvisionedPolicy:
+    """``over(base)``: the policy ``base`` with the directory's memberships and deactivations, as
+    of the directory version ``version()`` gives (the request's freshness check)."""
+
+    def __init__(self, *, version: Callable[[], int], rows_at: Callable[[int], Iterable[ProvisionedRow]]) -> None:
+        self._version = version
+        self._rows_at = rows_at
+        self._lock = threading.Lock()
+        self._provisioned: tuple[int, Provisioned] | None = None
+        self._combined: dict[tuple[str, str], Policy] = {}
+
+    def provisioned(self) -> Provisioned:
+        """What the directory provisions at its version for this request."""
+        version = self._version()
+        with self._lock:
+            if self._provisioned is None or self._provisioned[0] != version:
+                self._provisioned = (version, Provisioned.from_rows(self._rows_at(version)))
+            return self._provisioned[1]
+
+    def check(self, base: Policy | None, tenant: str, rows: Iterable[ProvisionedRow]) -> None:
+        """Raise ``PolicyError`` if ``tenant``'s directory, were it ``rows``, would not combine
+        with ``base`` (what a write checks before it commits, so no write can make every later
+        request fail)."""
+        if base is None:
+            return
+        others = [row for row in self._rows_at(self._version()) if row.tenant != tenant]
+        candidate = Provisioned.from_rows([*others, *rows])
+        base.with_provisioned(candidate.memberships, deactivated=candidate.deactivated, digest=candidate.digest)
+
+    def over(self, base: Policy | None) -> Policy | None:
+        """``base`` with what was provisioned; ``base`` itself when nothing was (or there is no
+        policy: provisioned memberships grant nothing a policy does not). Raises ``PolicyError``
+        when the two cannot combine (a cycle, a chain too deep): refused, never half applied."""
+        if base is None:
+            return None
+        provisioned = self.provisioned()
+        if provisioned.empty:
+            return base
+        key = (base.version, provisioned.digest)
+        with self._lock:  # built once: requests arriving meanwhile wait for it rather than build it too
+            combined = self._combined.get(key)
+            if combined is None:
+                combined = base.with_provisioned(provisioned.memberships, deactivated=provisioned.deactivated,
+                                                 digest=provisioned.digest)  # fmt: skip
+                if len(self._combined) >= COMBINED_KEPT:
+                    self._combined.pop(next(iter(self._combined)))
+                self._combined[key] = combined
+            return combined
