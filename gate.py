@@ -21,6 +21,7 @@ from .governance.audit import AuditLog, Receipt
 from .governance.caller import Caller
 from .governance.operations import Operation
 from .governance.policy import Policy
+from .governance.visibility import deactivated_reason
 from .retrieval.search import LruCache
 from .stages import stage
 from .state import operation_named
@@ -101,7 +102,10 @@ class PermissionGate:
         if caller is None:
             return permit(True, f"{operation} run by the operator")
         if policy is not None and (caller.subject, caller.tenant) in policy.deactivated:
-            return permit(False, f"{caller.subject} is deactivated in {caller.tenant} by the identity provider (SCIM)")
+            return permit(False, deactivated_reason(caller.subject, caller.tenant))
+        refused = policy.refused_tenants.get(caller.tenant) if policy is not None else None
+        if refused and operation not in (Operation.PROVISION, Operation.ADMIN):
+            return permit(False, refused)
         if need is Need.READ:
             return permit(True, "rows are decided one by one")
         if policy is None:

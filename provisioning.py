@@ -47,6 +47,9 @@ from .state.commit_retry import retrying_conflicts
 from .warehouse import Warehouse
 
 T = TypeVar("T")
+DirectoryCheck = Callable[[str, list[DirectoryRow]], None]
+"""``check(tenant, rows)``: raise ``PolicyError`` if ``tenant``'s directory, were it ``rows``,
+would not combine with the policy in force (``Warehouse.check_directory``)."""
 
 
 class _Memory(InMemoryStorage):
@@ -74,10 +77,8 @@ class TenantDirectory(ScimStorage):
     supports_cursors = False
 
     def __init__(
-        self, table: DirectoryTable, tenant: str, service: ScimService, loaded: _Loaded, check: Callable[[str, list[DirectoryRow]], None]
+        self, table: DirectoryTable, tenant: str, service: ScimService, loaded: _Loaded, check: DirectoryCheck
     ) -> None:
-        """``check(tenant, rows)`` raises ``PolicyError`` when the tenant's directory, were it
-        ``rows``, would not combine with the policy (``Warehouse.check_directory``)."""
         self._table = table
         self._tenant = tenant
         self._service = service
@@ -85,7 +86,7 @@ class TenantDirectory(ScimStorage):
         self._check = check
         self._memory: _Memory | None = None
         self._changed: dict[tuple[str, str], Resource[Any] | None] = {}
-        self._memberships_may_grow = False
+        self._needs_policy_check = False
 
     @contextmanager
     def operation(self) -> Iterator[None]:
@@ -93,7 +94,7 @@ class TenantDirectory(ScimStorage):
             snapshot = self._table.snapshot(self._tenant)
             if self._loaded.memory is None or self._loaded.head != snapshot.head:
                 self._loaded.memory, self._loaded.head = self._read(snapshot), snapshot.head
-            self._memory, self._changed, self._memberships_may_grow = self._loaded.memory, {}, False
+            self._memory, self._changed, self._needs_policy_check = self._loaded.memory, {}, False
             try:
                 yield
                 if self._changed:
@@ -112,7 +113,7 @@ class TenantDirectory(ScimStorage):
         return memory
 
     def _commit(self, snapshot: DirectorySnapshot) -> str:
-        if self._memberships_may_grow:  # a group changed, or a user came back: would the policy still hold?
+        if self._needs_policy_check:  # memberships may have grown: would the policy still hold?
             rows = [self._row(cast(Any, r.meta).resource_type, r, body=False) for r in self.memory.resources]
             try:
                 self._check(self._tenant, rows)
@@ -142,12 +143,14 @@ class TenantDirectory(ScimStorage):
 
     def _checked(self, resource_type: ResourceType, resource: Resource[Any]) -> Resource[Any]:
         """``resource`` as it may be stored, or an error naming what is wrong: a user's name must
-        make a principal, a group's too, and its members be users of this tenant."""
+        make a principal, a group's too, no other resource may name the same principal, and a
+        group's members must be users of this tenant."""
         if resource_type.name == USER:
             name = resource.user_name
             problem = principal_problem(user_named(name)) if isinstance(name, str) else "userName is missing"
             if problem:
                 raise InvalidValueException(detail=f"userName {name!r} cannot name a ragwarden user: {problem}")
+            self._refuse_twin(resource_type, "userName", user_named(name), resource)
             return resource.model_copy(update={"password": None})  # never stored, never returned
         name = resource.display_name
         principal = group_named(name) if isinstance(name, str) else None
@@ -164,14 +167,18 @@ class TenantDirectory(ScimStorage):
                 self.memory.get(user_type, str(member.value))
             except NotFoundException:
                 raise InvalidValueException(detail=f"member {member.value!r} is not a user of this tenant") from None
-        group_type = self._service.get_resource_type(GROUP)
-        bare = scim_string(principal.removeprefix("group:"))  # "x" and "group:x" name one principal
-        wanted = f'displayName eq "{bare}" or displayName eq "group:{bare}"'
-        page = self.memory.search([group_type], SearchRequest(filter=wanted))
-        for other in page.resources:
-            if other.id != resource.id and group_named(other.display_name) == principal:
-                raise UniquenessException(detail=f"group {principal} is already provisioned (id {other.id})")
+        self._refuse_twin(resource_type, "displayName", cast(str, principal), resource)
         return resource
+
+    def _refuse_twin(self, resource_type: ResourceType, attribute: str, principal: str, resource: Resource[Any]) -> None:
+        """Refuse (409) ``resource`` when another resource of its type names ``principal``
+        (``x`` and ``user:x``, or ``x`` and ``group:x``, name one principal)."""
+        kind, _, bare = principal.partition(":")
+        wanted = f'{attribute} eq "{scim_string(bare)}" or {attribute} eq "{scim_string(principal)}"'
+        for other in self.memory.search([resource_type], SearchRequest(filter=wanted)).resources:
+            named = user_named(other.user_name) if kind == "user" else group_named(other.display_name)
+            if other.id != resource.id and named == principal:
+                raise UniquenessException(detail=f"{principal} is already provisioned (id {other.id})")
 
     # -- ScimStorage -------------------------------------------------------------------------
 
@@ -188,7 +195,7 @@ class TenantDirectory(ScimStorage):
     def create(self, resource_type: ResourceType, resource: Resource[Any]) -> Resource[Any]:
         created = self.memory.create(resource_type, self._checked(resource_type, resource))
         self._changed[(resource_type.name, cast(str, created.id))] = created
-        self._memberships_may_grow |= resource_type.name == GROUP  # a new user is in no group yet
+        self._needs_policy_check |= resource_type.name == GROUP  # a new user is in no group yet
         return created
 
     def update(
@@ -197,19 +204,27 @@ class TenantDirectory(ScimStorage):
         checked = self._checked(resource_type, resource)
         updated = self.memory.update(resource_type, checked, expected_version=expected_version)
         self._changed[(resource_type.name, cast(str, updated.id))] = updated
-        self._memberships_may_grow |= resource_type.name == GROUP or getattr(updated, "active", None) is not False
+        self._needs_policy_check |= resource_type.name == GROUP or getattr(updated, "active", None) is not False
         return updated
 
     def delete(self, resource_type: ResourceType, resource_id: str, *, expected_version: str | None = None) -> None:
+        """Delete a resource; a deleted user leaves every group it was in, in the same commit (a
+        group naming a user that is gone could never be updated again)."""
         self.memory.delete(resource_type, resource_id, expected_version=expected_version)
-        self._changed[(cast(str, resource_type.name), resource_id)] = None
+        self._changed[(resource_type.name, resource_id)] = None
+        if resource_type.name != USER:
+            return
+        group_type = self._service.get_resource_type(GROUP)
+        holding = SearchRequest(filter=f'members.value eq "{scim_string(resource_id)}"')
+        for group in self.memory.search([group_type], holding).resources:
+            kept = [member for member in group.members or () if str(member.value) != resource_id]
+            left = self.memory.update(group_type, group.model_copy(update={"members": kept}))
+            self._changed[(GROUP, cast(str, left.id))] = left
 
 
 def scim_string(value: str) -> str:
     """``value`` inside a SCIM filter's quoted string (RFC 7644 §3.4.2.2: JSON string escapes)."""
     return json.dumps(value)[1:-1]
-
-
 
 
 class Provisioner:

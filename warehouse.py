@@ -175,7 +175,7 @@ class Warehouse:
     def install_policy(self, path: PathLike) -> Policy:
         """Validate a policy file and make it the warehouse's own (versioned; old ones are kept)."""
         policy = Policy.from_file(path)
-        self._provisioned.over(policy)  # refused if it cannot combine with what was provisioned
+        self._provisioned.require_combining(policy)  # refused if it cannot combine with what was provisioned
         self.store.install_policy(policy)
         return policy
 
@@ -206,14 +206,15 @@ class Warehouse:
                 rules = parse_rules(text, source, check_graph=False)
             except InvalidPolicyError as exc:
                 raise refused_line(exc) from None
-            current = permission.policy
-            for other in sorted(tenants_of(rules) | (current.tenants if current else frozenset())):
+            current = permission.policy  # decides, with every membership the caller holds
+            named = self._policy.current()  # names the tenants: a directory's rows name none of their own
+            for other in sorted(tenants_of(rules) | (named.tenants if named else frozenset())):
                 decision = current.allows_operation(who.subject, other, Operation.ADMIN) if current else None
                 if decision is None or not decision.allowed:
                     raise PermissionDeniedError(f"installing this policy needs admin in {other}, which {who.subject} lacks")
             try:
                 policy = Policy(rules, source=source, source_text=text)  # checks the role graph, builds the enforcer
-                self._provisioned.over(policy)  # and that it combines with what was provisioned
+                self._provisioned.require_combining(policy)  # and that it combines with what was provisioned
             except InvalidPolicyError as exc:
                 raise refused_line(exc) from None
             except PolicyError as exc:

@@ -38,7 +38,8 @@ class SubjectView:
             policy_version=policy.version,
             principals=policy.principals(subject, tenant),
             cleared_labels=policy.cleared_labels(subject, tenant),
-            clearance=policy.clearance(subject, tenant),
+            # a subject the identity provider deactivated reads nothing, not even public rows
+            clearance=None if (subject, tenant) in policy.deactivated else policy.clearance(subject, tenant),
         )
 
     def check(self, row: Mapping[str, Any], clauses: Mapping[str, Sequence[str]]) -> Decision:

@@ -72,7 +72,7 @@ def explain_row(
 ) -> Explanation:
     """The full chain of reasons for ``subject`` reading ``row`` in ``tenant``."""
     decision = check_row(policy, subject, tenant, row, clauses)
-    if decision.reason.startswith("row cannot be evaluated"):
+    if decision.reason.startswith("row cannot be evaluated") or (subject, tenant) in policy.deactivated:
         return Explanation(chunk_id=str(row.get("chunk_id")), subject=subject, tenant=tenant, allowed=False, reason=decision.reason)
     steps = [Step(check="tenant", passed=row["tenant"] == tenant, detail=f"row tenant {row['tenant']!r}, asked in {tenant!r}")]
     for token in row["acl_clauses"]:

@@ -18,6 +18,7 @@ import csv
 import gc
 import hashlib
 import io
+import logging
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,9 @@ class Rule:
     line: int
     origin: str = "policy"
 
+
+_UNLOGGED = logging.Logger("ragwarden.casbin-checks", level=logging.CRITICAL + 1)  # noqa: LOG001 - kept out of the registry on purpose
+"""A logger outside logging's registry (so no ``dictConfig`` reaches it) that logs nothing."""
 
 POLICY = "policy"
 """The origin of a line of the policy's text."""
@@ -411,6 +415,10 @@ class Policy:
         for rule in rules:
             model.model[rule.ptype][rule.ptype].policy.append(list(rule.values))
         self._enforcer = casbin.Enforcer(model)
+        # Casbin logs every check ("Request: user:x, acme, label:pii, read ---> False"), subjects and
+        # labels into the server's log, and only disables its named loggers, which any later logging
+        # configuration (uvicorn's) enables again: its checks log to a logger no configuration reaches.
+        self._enforcer.logger = model.logger = _UNLOGGED
         # pycasbin's own domain role manager is slow two ways: its default equality "pattern"
         # matcher makes building a tenant's graph quadratic in its memberships, and each g() in
         # the matcher walks the graph afresh. Names here are never patterns: see _RoleGraph.
@@ -442,6 +450,9 @@ class Policy:
         self._clearances: dict[tuple[str, str], Clearance] = {}
         self.deactivated: frozenset[tuple[str, str]] = frozenset()
         """(subject, tenant) pairs the identity provider deactivated: refused everything there."""
+        self.refused_tenants: dict[str, str] = {}
+        """Tenants whose provisioned memberships could not be combined with this policy, and why:
+        refused everything but provisioning and administration, which could put it right."""
 
     @classmethod
     def from_text(cls, text: str, source: str = "<policy>") -> Policy:
@@ -559,7 +570,7 @@ class Policy:
         """This policy's rules and ``extra``, under version ``{this version}+{suffix}``."""
         derived = Policy([*self.rules, *extra], source=source, model_text=self._model_text)
         derived.version = f"{self.version}+{suffix}"
-        derived.deactivated = self.deactivated
+        derived.deactivated, derived.refused_tenants = self.deactivated, dict(self.refused_tenants)
         return derived
 
     def rules_for(self, subject: str, tenant: str, obj: str) -> list[Rule]:

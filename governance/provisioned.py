@@ -14,12 +14,16 @@ replica is gone from every replica's next request.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..errors import PolicyError
 from .policy import Policy, Rule
+
+log = logging.getLogger(__name__)
 
 USER = "User"
 GROUP = "Group"
@@ -110,10 +114,17 @@ class ProvisionedPolicy:
         candidate = Provisioned.from_rows([*others, *rows])
         base.with_provisioned(candidate.memberships, deactivated=candidate.deactivated, digest=candidate.digest)
 
+    def require_combining(self, base: Policy) -> None:
+        """Raise ``PolicyError`` if ``base`` cannot combine with every tenant's provisioned
+        memberships (what an install checks: it would refuse a tenant)."""
+        provisioned = self.provisioned()
+        base.with_provisioned(provisioned.memberships, deactivated=provisioned.deactivated, digest=provisioned.digest)
+
     def over(self, base: Policy | None) -> Policy | None:
         """``base`` with what was provisioned; ``base`` itself when nothing was (or there is no
-        policy: provisioned memberships grant nothing a policy does not). Raises ``PolicyError``
-        when the two cannot combine (a cycle, a chain too deep): refused, never half applied."""
+        policy: provisioned memberships grant nothing a policy does not). A tenant whose
+        memberships cannot combine with ``base`` (a chain too deep: writes and installs check for
+        it, but the two can race) is refused, in that tenant alone (``Policy.refused_tenants``)."""
         if base is None:
             return None
         provisioned = self.provisioned()
@@ -123,9 +134,36 @@ class ProvisionedPolicy:
         with self._lock:  # built once: requests arriving meanwhile wait for it rather than build it too
             combined = self._combined.get(key)
             if combined is None:
-                combined = base.with_provisioned(provisioned.memberships, deactivated=provisioned.deactivated,
-                                                 digest=provisioned.digest)  # fmt: skip
+                combined = _combined(base, provisioned)
                 if len(self._combined) >= COMBINED_KEPT:
                     self._combined.pop(next(iter(self._combined)))
                 self._combined[key] = combined
             return combined
+
+
+def _combined(base: Policy, provisioned: Provisioned) -> Policy:
+    """``base`` with ``provisioned``; if they cannot combine, with the memberships of the tenants
+    that can, the others refused (never decided without their provisioned state)."""
+    try:
+        return base.with_provisioned(provisioned.memberships, deactivated=provisioned.deactivated,
+                                     digest=provisioned.digest)  # fmt: skip
+    except PolicyError:
+        pass
+    by_tenant: dict[str, list[Rule]] = {}
+    for rule in provisioned.memberships:
+        by_tenant.setdefault(rule.values[2], []).append(rule)
+    kept: list[Rule] = []
+    refused: dict[str, str] = {}
+    for tenant, rules in sorted(by_tenant.items()):
+        try:
+            base.with_provisioned(rules, deactivated=frozenset(), digest=provisioned.digest)
+        except PolicyError as exc:
+            log.error("the memberships provisioned in tenant %r are refused: %s", tenant, exc)
+            refused[tenant] = f"the memberships provisioned in {tenant} cannot be combined with the policy: {exc}"
+            continue
+        kept.extend(rules)
+    combined = base.with_provisioned(kept, deactivated=provisioned.deactivated, digest=provisioned.digest)
+    if combined is base:
+        combined = base._extended([], source="provisioned memberships", suffix=f"scim-{provisioned.digest}")
+    combined.refused_tenants = {**combined.refused_tenants, **refused}
+    return combined

@@ -22,6 +22,8 @@ def check_row(
     clauses: Mapping[str, Sequence[str]],
 ) -> Decision:
     """Whether ``subject`` in ``tenant`` may read ``row``; ``clauses`` maps clause token -> principals."""
+    if (subject, tenant) in policy.deactivated:
+        return Decision(allowed=False, reason=deactivated_reason(subject, tenant))
     try:
         row_tenant = row["tenant"]
         allow = list(row["acl_allow"])
@@ -58,6 +60,11 @@ def check_row(
     if problem:
         return Decision(allowed=False, reason=problem)
     return Decision(allowed=True, reason=_allowed_reason(holding, labels, level))
+
+
+def deactivated_reason(subject: str, tenant: str) -> str:
+    """Why a subject the identity provider deactivated reads nothing (and is refused everything)."""
+    return f"{subject} is deactivated in {tenant} by the identity provider (SCIM)"
 
 
 def _clearance_problem(policy: Policy, subject: str, tenant: str, level: Classification) -> str | None:

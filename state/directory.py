@@ -92,7 +92,7 @@ class DirectorySnapshot:
         head = DirectoryRow(tenant=self.tenant, resource_type=HEAD, resource_id=HEAD, body=uuid.uuid4().hex)
         table = pa.Table.from_pylist([row.stored() for row in (*writes, head)], schema=DIRECTORY_SCHEMA)
         merge = self._dataset.merge_insert("key").when_matched_update_all().when_not_matched_insert_all()
-        doomed = sorted({directory_key(self.tenant, kind, rid) for kind, rid in deletes if "\x00" not in rid})
+        doomed = sorted({directory_key(self.tenant, kind, rid) for kind, rid in deletes})
         if doomed:
             merge = merge.when_not_matched_by_source_delete(f"key IN {sql_in_list(doomed)}")
         # As ``ChunksSnapshot.commit``: the indexed route would not record inserted keys, and Lance's

@@ -29,8 +29,8 @@ from ..governance.tags import GovernanceTags
 from .api_keys import ApiKeysTable
 from .audit_journal import ReceiptJournal
 from .audit_table import AuditTable
-from .directory import DirectoryTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
+from .directory import DirectoryTable
 from .files import RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .freshness import SingleFlight, Versions
 from .indexing import (
@@ -47,6 +47,7 @@ from .schema import (
     CHUNKS,
     CLAUSES,
     CLAUSES_SCHEMA,
+    DIRECTORY,
     LABELS,
     LABELS_SCHEMA,
     POLICIES,
@@ -62,6 +63,7 @@ from .tables import connect, damaged_files, declare_primary_key, local_path, nam
 T = TypeVar("T")
 DOCUMENT_KEY = ("tenant", "doc_id")
 EMBEDDING_MODEL_KEY = b"ragwarden:embedding_model"
+DIRECTORY_KEY = b"ragwarden:directory"
 IN_LIST_MAX_IDS = 2_000
 """Rows read by id with an IN list up to this many ids; past it, every admitted row is read once
 and filtered (a filter of thousands of literals costs more than the scan)."""
@@ -146,11 +148,31 @@ class Store:
         self._clause_cache: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
         self._label_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._lock = threading.Lock()
-        backfill = LABELS not in self._db.list_tables().tables
+        present = set(self._db.list_tables().tables)
+        backfill = LABELS not in present
         self._labels = self._table(LABELS, LABELS_SCHEMA)
-        self._directory = DirectoryTable(self._db)  # opened here: every freshness check reads its version
+        self._directory = self._open_directory(had_one=DIRECTORY in present)  # every freshness check reads its version
         if backfill:
             self.register_labels(self._labels_in_rows())
+
+    def _open_directory(self, *, had_one: bool) -> DirectoryTable:
+        """The ``directory`` table. Once made, its making is recorded on ``policies``: a directory
+        that has gone is then an error naming it, never an empty one in its place (which would lift
+        every deactivation the identity provider made)."""
+        recorded = (self._policies.schema.metadata or {}).get(DIRECTORY_KEY)
+        if recorded and not had_one:
+            raise WarehouseError(
+                f"warehouse {self.uri!r}: table {DIRECTORY!r} is missing from a warehouse that had one; restore "
+                f"{DIRECTORY}.lance from a backup (it is not recreated empty: its deactivations would be lost)"
+            )
+        directory = DirectoryTable(self._db)
+        if not recorded:
+            retrying_conflicts(
+                lambda: self._policies.to_lance().update_schema_metadata({DIRECTORY_KEY.decode(): "1"}),
+                what="recording the directory",
+            )
+            self._policies.checkout_latest()
+        return directory
 
     def _table(self, name: str, schema: pa.Schema) -> Any:
         return open_table(self._db, name, schema)
@@ -707,7 +729,8 @@ class Store:
         """Merge the small files of the append-only tables (``audit``, ``api_keys``) and drop their
         versions older than ``tables.VERSIONS_KEPT``: neither ever deletes a row, so an old version
         holds nothing the latest does not (a reader still on one keeps its files for that long).
-        The ``directory`` too: a user the identity provider deleted leaves no old version behind."""
+        The ``directory`` too (it deletes rows, but a version from before a deletion is of no use
+        to any reader once older than that)."""
         present = set(self._db.list_tables().tables)
         if AUDIT in present:
             if self._audit is None:  # opened, never created (it is there): its key check is not needed

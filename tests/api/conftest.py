@@ -15,12 +15,14 @@ from ragwarden.warehouse import Warehouse
 PROVISIONING_LINES = """
 p, service:okta, acme, provision, execute, allow
 p, service:entra, globex, provision, execute, allow
+p, user:erin, globex, audit, read, allow
 """
 
 
 @pytest.fixture
 def provisioning_policy(tmp_path: Path) -> Path:
-    """The demo policy, also granting ``provision`` to service:okta in acme and service:entra in globex."""
+    """The demo policy, also granting ``provision`` to service:okta in acme and service:entra in
+    globex, and ``audit`` in globex to user:erin."""
     policy = tmp_path / "provisioning.csv"
     policy.write_text(policy_file("demo.csv").read_text() + PROVISIONING_LINES)
     return policy

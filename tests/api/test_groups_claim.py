@@ -155,7 +155,7 @@ def test_an_identity_can_only_carry_group_principals():
 
 def test_the_readme_example_reads_through_the_tokens_groups(trusting_service: str, mint: Callable[..., str],
                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    source = readme_block("zed_token")
+    source = readme_block("RAGWARDEN_JWT_GROUPS_CLAIM")
     assert README_SERVICE in source
     namespace: dict[str, Any] = {"zed_token": mint("zed", groups=["fpa"])}
     exec(compile(source.replace(README_SERVICE, trusting_service), "README.md", "exec"), namespace)  # noqa: S102 - our README

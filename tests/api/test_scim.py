@@ -22,6 +22,7 @@ from support.readme import README_SERVICE, readme_block
 from ragwarden.api.http import create_app
 from ragwarden.config import Settings
 from ragwarden.errors import PolicyError
+from ragwarden.governance.policy import Policy
 from ragwarden.warehouse import Warehouse
 
 USER_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -72,7 +73,7 @@ def test_scim2_tester_finds_the_live_server_conformant(provisioning_service: str
 
 
 def test_a_provisioned_membership_opens_reads_and_an_okta_removal_closes_them_at_the_next_request(
-    provisioning_service: str, okta: httpx.Client, bearer: Callable[..., dict[str, str]]
+    provisioning_service: str, okta: httpx.Client, bearer: Callable[..., dict[str, str]], provisionable_warehouse: Warehouse
 ):
     """zed is in no group of the policy. Provisioned into finance, zed reads finance's budget;
     Okta's removal (a PATCH with a filtered path) closes it for zed's very next search."""
@@ -81,14 +82,20 @@ def test_a_provisioned_membership_opens_reads_and_an_okta_removal_closes_them_at
     zed_id = _user(okta, "zed")
     finance = _group(okta, "finance", [zed_id])
     assert _reads_budget(provisioning_service, zed), "the provisioned membership opens finance's rows"
+    (chunk,) = provisionable_warehouse.store.chunk_ids_of("acme-budget", "acme")
+    assert httpx.get(f"{provisioning_service}/v1/chunks/{chunk}", headers=zed).status_code == 200
     removed = _patch(okta, f"/Groups/{finance}", {"op": "remove", "path": f'members[value eq "{zed_id}"]'})
     assert removed.status_code in (200, 204), removed.text
     assert not _reads_budget(provisioning_service, zed), "closed at the next request"
+    assert httpx.get(f"{provisioning_service}/v1/chunks/{chunk}", headers=zed).status_code == 404, "by id too"
     added = _patch(okta, f"/Groups/{finance}", {"op": "add", "path": "members", "value": [{"value": zed_id}]})
     assert added.status_code in (200, 204), added.text
     assert _reads_budget(provisioning_service, zed)
     assert okta.delete(f"/Users/{zed_id}").status_code == 204
     assert not _reads_budget(provisioning_service, zed), "a deleted user's memberships count for nothing"
+    assert okta.get(f"/Groups/{finance}").json().get("members", []) == [], "a deleted user leaves its groups"
+    renamed = _patch(okta, f"/Groups/{finance}", {"op": "replace", "path": "externalId", "value": "fin-1"})
+    assert renamed.status_code in (200, 204), "and the group takes updates again"
 
 
 def test_a_removal_on_one_replica_closes_reads_on_another_at_its_next_request(
@@ -143,6 +150,10 @@ def test_entra_style_patches_add_and_remove_members_and_deactivate_a_user(
     assert "deactivated" in refused.json()["error"]["message"]
     receipt = provisionable_warehouse.audit.query(subject="user:hank", limit=1)[0]
     assert not receipt.allowed and "deactivated in globex by the identity provider" in receipt.reason
+    (plan,) = provisionable_warehouse.store.chunk_ids_of("globex-plan", "globex")
+    erin = "user:erin"  # globex's auditor asks about hank
+    assert not provisionable_warehouse.explain(plan, subject="user:hank", caller=erin, tenant="globex").allowed
+    assert provisionable_warehouse.access_review(subject="user:hank", caller=erin, tenant="globex").rows == 0
     assert _patch(entra, f"/Users/{hank_id}", {"op": "replace", "value": {"active": True}}).status_code == 204
     assert httpx.post(f"{provisioning_service}/v1/search", json=globex_search, headers=hank).status_code == 200
 
@@ -195,6 +206,9 @@ def test_names_that_cannot_be_principals_are_refused_naming_them(okta: httpx.Cli
     _group(okta, "finance", [])
     twin = okta.post("/Groups", json={"schemas": [GROUP_SCHEMA], "displayName": "group:finance"})
     assert twin.status_code == 409 and "group:finance is already provisioned" in twin.json()["detail"]
+    _user(okta, "zed")
+    twin = okta.post("/Users", json={"schemas": [USER_SCHEMA], "userName": "user:zed"})
+    assert twin.status_code == 409 and "user:zed is already provisioned" in twin.json()["detail"]
 
 
 def test_passwords_are_never_stored(okta: httpx.Client, provisionable_warehouse: Warehouse):
@@ -276,6 +290,16 @@ def test_no_write_and_no_policy_can_nest_groups_past_the_limit_through_a_provisi
     with pytest.raises(PolicyError, match="provisioned memberships cannot be combined"):
         provisionable_warehouse.install_policy(deep)
 
+    # Were a write and an install to race past both checks, only that tenant would be refused,
+    # everything but provisioning and administration, which can put it right.
+    provisionable_warehouse.store.install_policy(Policy.from_file(deep))
+    refused = httpx.post(f"{provisioning_service}/v1/search", json={"query": BUDGET_QUERY}, headers=bearer("alice"))
+    assert refused.status_code == 403 and "provisioned in acme cannot be combined" in refused.json()["error"]["message"]
+    globex = httpx.post(f"{provisioning_service}/v1/search", json={"query": BUDGET_QUERY}, headers=bearer("hank", tenant="globex"))
+    assert globex.status_code == 200, "another tenant is served"
+    assert _patch(okta, f"/Groups/{innermost}", {"op": "remove", "path": "members"}).status_code == 204
+    assert _reads_budget(provisioning_service, bearer("alice")), "the membership removed, acme is served again"
+
 
 def test_the_readme_example_provisions_zed_into_finance_and_takes_it_back(
     provisioning_service: str, okta: httpx.Client, mint: Callable[..., str], capsys: pytest.CaptureFixture[str]
@@ -286,3 +310,14 @@ def test_the_readme_example_provisions_zed_into_finance_and_takes_it_back(
     exec(compile(source.replace(README_SERVICE, provisioning_service), "README.md", "exec"), namespace)  # noqa: S102 - our README
     first, second = capsys.readouterr().out.splitlines()
     assert "acme-budget" in first and "acme-budget" not in second and "acme-memo" in second
+
+
+def test_users_are_listed_with_a_filter_and_in_pages_with_their_total(okta: httpx.Client):
+    for n in range(5):
+        _user(okta, f"pager-{n}")
+    _user(okta, "someone-else")
+    page = okta.get("/Users", params={"filter": 'userName sw "pager-"', "sortBy": "userName", "startIndex": 3, "count": 2})
+    assert page.status_code == 200, page.text
+    body = page.json()
+    assert (body["totalResults"], body["startIndex"], body["itemsPerPage"]) == (5, 3, 2)
+    assert [user["userName"] for user in body["Resources"]] == ["pager-2", "pager-3"]

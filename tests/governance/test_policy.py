@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import logging.config
 from collections.abc import Callable
 from pathlib import Path
 
@@ -387,3 +389,14 @@ def test_cleared_labels_agree_with_casbin_for_every_label(
         for tenant in ("acme", "globex"):
             expected = {label for label in ("pii", "hr", "deal") if policy.label_allowed(subject, tenant, label)}
             assert policy.cleared_labels(subject, tenant) == expected
+
+
+def test_casbin_checks_log_nothing_even_after_logging_is_configured_again(caplog: pytest.LogCaptureFixture):
+    """Casbin logs each check with its subject and object; a server's logging configuration
+    (uvicorn's ``dictConfig``) re-enables the loggers Casbin disables, so they are bypassed."""
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+    caplog.set_level(logging.DEBUG)
+    policy = Policy.from_text("p, user:alice, acme, label:pii, read, allow\n", source="t")
+    assert not policy.enforce("user:bob", "acme", "label:pii", "read")
+    assert policy.enforce("user:alice", "acme", "label:pii", "read")
+    assert not [record for record in caplog.records if "user:bob" in record.getMessage() or "Request:" in record.getMessage()]

@@ -3,10 +3,12 @@ from the same snapshot is refused (and planned again by its caller) while anothe
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+from ragwarden.errors import WarehouseError
 from ragwarden.state import DirectoryRow, Store
 from ragwarden.state.commit_retry import is_commit_conflict
 
@@ -40,3 +42,11 @@ def test_a_delete_removes_the_row_and_governing_rows_read_a_given_version(store:
     assert [row.resource_id for row in store.directory.snapshot("acme").rows()] == ["u2"]
     assert sorted(row.resource_id for row in store.directory.governing_rows(before)) == ["u1", "u2"]
     assert [row.resource_id for row in store.directory.governing_rows(store.directory.version)] == ["u2"]
+
+
+def test_a_directory_that_has_gone_is_refused_naming_it_never_recreated_empty(store: Store, tmp_path: Path):
+    """An empty directory in its place would lift every deactivation the identity provider made."""
+    store.directory.snapshot("acme").commit([_user("acme", "u1", "user:zed")], [])
+    shutil.rmtree(tmp_path / "warehouse" / "directory.lance")
+    with pytest.raises(WarehouseError, match="table 'directory' is missing from a warehouse that had one"):
+        Store(str(tmp_path / "warehouse"), dimension=4)
