@@ -192,7 +192,8 @@ def explain(chunk_id: str, subject: str, tenant: str, caller: str | None, as_jso
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
-    click.echo(f"{'visible' if result.allowed else 'not visible'}: {result.reason}")
+    verdict = "visible" if result.allowed else "not visible"
+    click.echo(verdict if result.reason == verdict else f"{verdict}: {result.reason}")  # never "not visible: not visible"
     for step in result.steps:
         click.echo(f"  [{'ok' if step.passed else 'NO'}] {step.check}: {step.detail}")
 

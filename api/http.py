@@ -14,6 +14,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from pydantic import BeforeValidator
 
 from ..config import Settings
@@ -57,6 +58,7 @@ from .limits import BodyLimit
 from .scim import mount_scim
 
 MCP_PATH = "/mcp"
+DOCS_ASSETS = "/docs-assets"
 MAX_RECEIPTS = 1000
 ChunkId = Annotated[str, Path(max_length=MAX_ID_CHARS, description="A chunk or derived row id.")]
 ItemId = Annotated[str, Path(max_length=MAX_ID_CHARS, description="A document, chunk or derived row id.")]
@@ -104,7 +106,8 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
                 await stack.enter_async_context(mcp_server.session_manager.run())
             yield
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs served from the package: it works where no CDN can be reached
+        static_url=DOCS_ASSETS,
         title="ragwarden",
         summary="Governed retrieval: every answer is filtered by the policy for the caller of the credential.",
         version="0.1.0",

@@ -18,6 +18,7 @@ a handle is worthless in anyone else's hands, and they expire when idle.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import secrets
 import threading
@@ -34,6 +35,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
@@ -319,29 +321,29 @@ def build_mcp_server(
             lambda: warehouse.search(query, caller=who, k=k, mode=mode, purpose=purpose, group_by=group_by,
                                      per_group=per_group, distinct=distinct, filter=filter)  # fmt: skip
         )
-        return SearchResult(
+        return compact(SearchResult(
             hits=[HitModel.of(h) for h in hits],
             manifest=ManifestModel.of(ContextManifest.of(hits)),
             session=report(who, handle, hits),
-        )
+        ))
 
     @server.tool(title="Fetch one chunk by id")
     async def get_chunk(chunk_id: ChunkId, ctx: Context, session_id: SessionArg = None) -> ChunkResult:
         """One chunk or saved note by id; 'not found' alike whether it is missing or not the user's to read."""
         who, handle = await begin(ctx, session_id)
         hit = await run(lambda: warehouse.get_chunk(chunk_id, caller=who))
-        return ChunkResult(chunk=HitModel.of(hit), session=report(who, handle, [hit]))
+        return compact(ChunkResult(chunk=HitModel.of(hit), session=report(who, handle, [hit])))
 
     @server.tool(title="Explain access to a chunk")
     async def explain_access(chunk_id: ChunkId) -> ExplanationModel:
         """Why the calling user may or may not read a chunk, step by step (only 'not visible' for a
         row the user may not learn anything of)."""
         who = await run(caller)
-        return ExplanationModel.of(
+        return compact(ExplanationModel.of(
             await run(
                 lambda: warehouse.explain(chunk_id, subject=who.subject, caller=who)
             )
-        )
+        ))
 
     @server.tool(title="Save a note derived from chunks")
     async def save_note(
@@ -354,13 +356,22 @@ def build_mcp_server(
         """Save a note, summary or agent memory made from chunks the user may read. Its labels and
         classification come from those parents, and only someone who may read every parent can read it."""
         who = await run(caller)
-        return DerivedModel.of(
+        return compact(DerivedModel.of(
             await run(
                 lambda: warehouse.derive(text, parents=parents, caller=who, kind=kind)
             )
-        )
+        ))
 
     return server
+
+
+def compact(result: BaseModel) -> Any:
+    """A tool's answer: ``result`` as structured content (validated against the tool's output
+    schema), and as text the same JSON without indentation, not the SDK's indented dump: a client
+    that reads the text (a model's context) pays for every space."""
+    data = result.model_dump(mode="json", by_alias=True)
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
 
 
 def run_stdio(settings: Settings) -> None:

@@ -43,6 +43,13 @@ class Classification(IntEnum):
     def label(self) -> str:
         return self.name.lower()
 
+    def __str__(self) -> str:
+        """Its name (``confidential``), as people read it; ``int()`` gives the number."""
+        return self.label
+
+    def __format__(self, spec: str) -> str:
+        return self.label if not spec else format(int(self), spec)
+
 
 def _printable_problem(value: object, what: str) -> str | None:
     if not isinstance(value, str):

@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import lancedb
 import pyarrow as pa
@@ -36,6 +37,9 @@ def storage_failure(
     when it is a failure to read or write the warehouse's files (a missing or damaged file, a full
     disk); None for any other exception."""
     text = str(exc)
+    gone = missing_bucket(uri, exc)
+    if gone is not None:
+        return gone
     lance = isinstance(exc, (RuntimeError, OSError, pa.ArrowException)) and any(
         mark in text for mark in _LANCE_FAILURES
     )
@@ -113,7 +117,20 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
             uri, read_consistency_interval=timedelta(0), storage_options=dict(storage_options or {}) or None
         )
     except Exception as exc:  # lancedb raises plain exceptions for bad URIs
-        raise WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+        raise missing_bucket(uri, exc, storage_options) or WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+
+
+def missing_bucket(uri: str, exc: BaseException, storage_options: Mapping[str, str] | None = None) -> WarehouseError | None:
+    """``exc`` as one line saying which bucket is missing and where it was looked for, when the
+    object store answered NoSuchBucket (its own error is a thousand characters of retries); else None."""
+    if "NoSuchBucket" not in str(exc):
+        return None
+    bucket = urlsplit(uri).netloc
+    endpoint = (storage_options or {}).get("aws_endpoint")
+    where = f"at AWS_ENDPOINT_URL={endpoint}" if endpoint else "in the object store"
+    return WarehouseError(
+        f"warehouse {uri!r}: bucket {bucket!r} not found {where}; create it, or name an existing bucket in the warehouse URI"
+    )
 
 
 def open_table(db: Any, name: str, schema: pa.Schema) -> Any:

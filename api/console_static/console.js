@@ -102,9 +102,10 @@ async function api(path, { method = "GET", body, params } = {}) {
   const data = await response.json().catch(() => null);
   if (response.ok) return data;
   const error = (data && data.error) || {};
-  // Only the credential this request carried is dropped: a newer sign-in stays.
+  // Only the credential this request carried is dropped: a newer sign-in stays. Refused before
+  // anyone was signed in, it is a failed sign-in; after, a sign-out (an expired token, say).
   if (response.status === 401 && sessionStorage.getItem(TOKEN_KEY) === token) {
-    signOut(`Signed out: ${error.message || "the credential was refused"}`);
+    signOut(`${identity ? "Signed out" : "Sign-in failed"}: ${error.message || "the credential was refused"}`);
   }
   throw new ApiError(response.status, error.code || "http_error", error.message || `HTTP ${response.status}`);
 }

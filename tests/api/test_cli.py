@@ -220,6 +220,8 @@ def test_derive_explain_sync_forget_from_the_command_line(runner, demo_cli_wareh
     assert json.loads(hidden.stdout) == {
         "chunk_id": row["chunk_id"], "subject": "user:dave", "tenant": "acme", "allowed": False, "reason": "not visible", "steps": []
     }
+    plain = runner.invoke(main, ["explain", row["chunk_id"], "--as", "user:dave", "--tenant", "acme", *args])
+    assert plain.stdout.strip() == "not visible", "said once, never 'not visible: not visible'"
 
     changes = tmp_path / "sync.jsonl"
     changes.write_text(json.dumps({"id": "acme-hr-001", "tenant": "acme", "acl": {"allow": ["group:staff"]}, "labels": [], "classification": "internal"}) + "\n")

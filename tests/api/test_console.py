@@ -101,7 +101,8 @@ def console(console_at: Callable[[str], Console], demo_service_url: str) -> Cons
 def test_sign_in_refuses_a_bad_token_and_names_the_person_of_a_good_one(console: Console, mint) -> None:
     console.page.fill("#token", mint("alice", key=b"z" * 32))
     console.page.click("#sign-in button[type=submit]")
-    assert "signature does not verify" in console.page.locator("#sign-in-error").inner_text()
+    refused = console.page.locator("#sign-in-error").inner_text()
+    assert refused.startswith("Sign-in failed: ") and "signature does not verify" in refused, refused
     assert console.page.locator("#nav").is_hidden()
     console.shot("01-sign-in-refused")
     console.sign_in(mint("alice"))

@@ -7,6 +7,7 @@ Reads go to the shared demo service; every write goes to a fresh warehouse of it
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -117,6 +118,17 @@ def test_openapi_documents_every_route_and_the_bearer_credential(demo_service_ur
     search = schema["paths"]["/v1/search"]["post"]
     assert {"200", "401", "403", "404", "413", "422", "503"} <= set(search["responses"])
     assert search["security"], "search must declare the bearer credential"
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_docs_load_every_asset_from_the_service_itself(demo_service_url, page):
+    """No CDN: every script, stylesheet and icon the page names is served by the service."""
+    html = httpx.get(f"{demo_service_url}{page}").text
+    assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html) + re.findall(r"""url: ?["']([^"']+)["']""", html)
+    assert assets and not [asset for asset in assets if asset.startswith(("http:", "https:", "//"))], assets
+    for asset in assets:
+        answer = httpx.get(f"{demo_service_url}{asset}")
+        assert answer.status_code == 200 and answer.content, asset
 
 
 def test_search_returns_only_what_the_caller_may_read(as_user, demo_warehouse):

@@ -6,6 +6,7 @@ identity (in process, stdio) or the bearer token (HTTP), never from a tool's arg
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 from support.demo_world import demo_world
 from support.mcp_clients import mcp_over_http
+from support.readme import README_SERVICE, readme_block
 
 from ragwarden.api.mcp_server import LOCAL_SESSION, SessionUnions, build_mcp_server
 from ragwarden.config import AuthSettings
@@ -113,6 +117,20 @@ async def test_search_returns_only_what_the_bound_user_may_read(demo_warehouse: 
     assert set(hit) >= {"chunk_id", "doc_id", "text", "score", "labels", "classification", "reason", "kind", "parents"}
     assert for_alice["manifest"]["chunk_ids"] == [h["chunk_id"] for h in for_alice["hits"]]
     assert "finance" in for_alice["manifest"]["labels"] and for_alice["manifest"]["classification"] == "confidential"
+
+
+@pytest.mark.anyio
+async def test_every_tools_text_is_its_structured_content_as_compact_json(demo_warehouse: Warehouse) -> None:
+    """The text a model reads carries what the structured content does, without indentation."""
+    async with _as(demo_warehouse, ALICE) as alice:
+        found = await alice.call_tool("search", {"query": FINANCE_QUERY, "k": 3})
+        chunk = found.structured_content["hits"][0]["chunk_id"]
+        answers = [found, await alice.call_tool("get_chunk", {"chunk_id": chunk}),
+                   await alice.call_tool("explain_access", {"chunk_id": chunk})]  # fmt: skip
+    for answer in answers:
+        (block,) = answer.content
+        assert json.loads(block.text) == answer.structured_content
+        assert block.text == json.dumps(answer.structured_content, ensure_ascii=False, separators=(",", ":"))
 
 
 @pytest.mark.anyio
@@ -276,6 +294,32 @@ async def test_stdio_server_acts_for_the_user_of_its_token(
     assert found["session"]["session_id"] == LOCAL_SESSION
     receipts = [r for r in demo_warehouse.audit.query(operation="search") if r.purpose == purpose]
     assert [(r.subject, r.actor, r.tenant) for r in receipts] == [("user:alice", "agent:desktop", "acme")]
+
+
+@pytest.mark.anyio
+async def test_the_readme_client_configuration_reaches_the_tools_both_ways(
+    demo_warehouse: Warehouse, demo_service_url: str, auth_settings: AuthSettings, mint: Callable[..., str],
+    onnx_worker_env: dict[str, str],
+) -> None:  # fmt: skip
+    """The README's ``mcpServers`` entries, as written but for the warehouse, the address and the
+    credential they leave to the reader: the stdio one starts ``ragwarden mcp``, the HTTP one
+    reaches ``/mcp/``; both search as the user the credential names."""
+    servers = json.loads(readme_block('"mcpServers"', language="json"))["mcpServers"]
+    token = mint("alice")
+    stdio = servers["ragwarden"]
+    env = stdio["env"] | {"RAGWARDEN_WAREHOUSE": demo_warehouse.uri, "RAGWARDEN_TOKEN": token}
+    launch = StdioServerParameters(command=str(RAGWARDEN.with_name(stdio["command"])), args=stdio["args"],
+                                   env=env | _stdio_env(auth_settings, token) | onnx_worker_env)  # fmt: skip
+    async with Client(launch) as client:
+        assert "acme-fin-001" in _docs(await _ok(client, "search", query=FINANCE_QUERY, k=3))
+    remote = servers["ragwarden-http"]
+    headers = {name: value.replace("<the user's JWT or rwk_ API key>", token) for name, value in remote["headers"].items()}
+    url = remote["url"].replace(README_SERVICE, demo_service_url)
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=60) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        assert "acme-fin-001" in _docs(await _ok(client, "search", query=FINANCE_QUERY, k=3))
 
 
 @pytest.mark.parametrize("token", [None, "not-a-token", "expired"])

@@ -13,6 +13,7 @@ from support.raw_tables import raw_table
 
 from ragwarden.api.cli import main
 from ragwarden.errors import NotFoundError
+from ragwarden.policies import policy_file
 
 
 @pytest.fixture
@@ -80,13 +81,22 @@ def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):
     assert json.loads(result.stdout)["derived"][0]["chunk_id"] == summary.chunk_id
 
 
-def test_audit_verify_on_the_command_line_never_loads_the_model(audited_warehouse):
-    """Even with the PyTorch backend configured, verifying imports neither torch nor a runtime."""
+@pytest.mark.parametrize(
+    "command",
+    [["audit", "verify"], ["audit", "query", "--subject", "user:alice"], ["lineage", "doc-1"], ["apikey", "list"],
+     ["inventory", "--label", "finance", "--tenant", "acme", "--caller", "user:carol"],
+     ["policy", "check", str(policy_file("demo.csv"))],
+     ["forget", "doc-1", "--reason", "erasure request"]],
+    ids=lambda command: " ".join(command[:2]),
+)  # fmt: skip
+def test_commands_that_never_embed_never_load_the_model(audited_warehouse, command):
+    """Even with the PyTorch backend configured, the audit, lineage, key, inventory, policy and
+    forget commands import neither torch nor a runtime: they start in the time of the CLI alone."""
     probe = (
         "import sys\n"
         "from click.testing import CliRunner\n"
         "from ragwarden.api.cli import main\n"
-        f"result = CliRunner().invoke(main, ['audit', 'verify', '--warehouse', {audited_warehouse.uri!r}])\n"
+        f"result = CliRunner().invoke(main, [*{command!r}, '--warehouse', {audited_warehouse.uri!r}])\n"
         "loaded = sorted(m for m in ('torch', 'sentence_transformers', 'transformers', 'onnxruntime') if m in sys.modules)\n"
         "print(result.exit_code, loaded)\n"
     )

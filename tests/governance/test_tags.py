@@ -285,3 +285,9 @@ def test_clause_token_is_a_short_sql_safe_string() -> None:
     token = clause_token(["user:x' OR '1'='1"])
     assert token.startswith("c") and len(token) == 25
     assert token[1:].isalnum() and token.isascii()
+
+
+def test_a_classification_prints_as_its_name_and_counts_as_its_number() -> None:
+    level = Classification.CONFIDENTIAL
+    assert (str(level), f"{level}", f"{level:d}", int(level)) == ("confidential", "confidential", "2", 2)
+    assert Classification.parse(str(level)) is level

@@ -1,4 +1,6 @@
-"""An S3-compatible object store on 127.0.0.1, for the tests of warehouses on object storage.
+"""A stand-in S3-compatible object store on 127.0.0.1, kept for the one thing moto's S3 server
+(``support.moto_s3``, the object store of every other test) cannot do: ignore the conditions of a
+conditional put, as an object store without conditional writes does.
 
 It speaks the part of the S3 REST API that LanceDB's object store uses, path-style
 (``http://127.0.0.1:PORT/bucket/key``): put (with ``If-None-Match: *`` and ``If-Match``, the
