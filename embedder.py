@@ -14,6 +14,7 @@ import os
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,10 @@ def _quantize_int8(fp32: Path, out: Path) -> None:
         root.setLevel(level)
 
 
+Progress = Callable[[int], None]
+"""Told how many of the texts given are embedded so far."""
+
+
 class OnnxEncoder:
     """Runs an export under onnxruntime, tokenizing as sentence-transformers does (the model's own
     fast tokenizer, truncated to ``max_length`` tokens including [CLS] and [SEP])."""
@@ -171,8 +176,9 @@ class OnnxEncoder:
         self.tokenizer.enable_truncation(max_length=max_length)
         self.batch_size = batch_size
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """Vectors in input order; batches are formed longest first so padding stays small."""
+    def encode(self, texts: list[str], progress: Progress | None = None) -> np.ndarray:
+        """Vectors in input order; batches are formed longest first so padding stays small.
+        ``progress(done)`` hears how many texts are embedded after each batch."""
         encodings = self.tokenizer.encode_batch(texts)
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(-lengths, kind="stable")
@@ -191,6 +197,8 @@ class OnnxEncoder:
             if out is None:
                 out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
             out[picked] = vectors
+            if progress is not None:
+                progress(start + len(picked))
         assert out is not None
         return out
 
@@ -342,13 +350,16 @@ class Embedder:
         """Content tokens per window: the model's sequence length less [CLS] and [SEP]."""
         return self._max_seq_length - 2
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """Normalized embeddings, shape (len(texts), dimension), float32."""
+    def encode(self, texts: list[str], progress: Progress | None = None) -> np.ndarray:
+        """Normalized embeddings, shape (len(texts), dimension), float32; ``progress(done)`` hears
+        how many texts are embedded as it goes (the torch backend says so once, at the end)."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         if self.backend != "torch":
-            return self.onnx.encode(texts)
+            return self.onnx.encode(texts, progress)
         vectors = self.model.encode(
             texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
+        if progress is not None:
+            progress(len(texts))
         return np.asarray(vectors, dtype=np.float32)

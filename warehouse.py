@@ -40,13 +40,13 @@ from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.policy_in_force import PolicyInForce
 from .governance.provisioned import ProvisionedPolicy
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
-from .ingest.pipeline import IngestReport, iter_sources, run_ingest
+from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
 from .retrieval.collapse import Collapse
 from .retrieval.hits import Hit
 from .retrieval.narrowing import Narrowing, narrowing
 from .retrieval.resident import resident_bytes
-from .retrieval.review import AccessReview, access_review, inventory
+from .retrieval.review import AccessReview, Vocabulary, access_review, inventory, vocabulary
 from .retrieval.search import Searcher, SearchResult, require_reader
 from .retrieval.serving import ServingStatus, store_artifact
 from .state import DirectoryRow, DirectoryTable, Store
@@ -273,7 +273,8 @@ class Warehouse:
             Operation.INGEST,
             None,
             Need.GRANT,
-            lambda _: self._run(outcomes, progress, sources, engine),
+            lambda _: self._run(outcomes, progress, sources, engine,
+                                total=lambda: count_inputs(items, manifest=Path(manifest) if manifest else None)),
             _ingested,
             touched=_written,
         )
@@ -305,12 +306,13 @@ class Warehouse:
                 for n, record in enumerate(records, start=1)
                 for outcome in _confined_outcomes(record, f"record {n}", confined)
             )
-            return self._run(outcomes, progress, sources, engine)
+            return self._run(outcomes, progress, sources, engine, total=lambda: len(records))
 
         return self._gate.run(Operation.INGEST, who, Need.GRANT, run, _ingested, touched=_written)
 
     def _run(
-        self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local"
+        self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local",
+        total: Callable[[], int] | None = None,
     ) -> IngestReport:
         if engine not in INGEST_ENGINES:
             raise InvalidRequestError(f"ingest engine {engine!r} is not one of {', '.join(INGEST_ENGINES)}")
@@ -325,6 +327,7 @@ class Warehouse:
                 progress=progress,
                 engine=self._ray_engine() if engine == "ray" else None,
                 window_docs=self.settings.embed_window_docs,
+                total=total,
             )
 
         def output(report: IngestReport) -> ChunksOutput:
@@ -677,6 +680,19 @@ class Warehouse:
             lambda found: {"reason": f"inventory of label {label!r}: {len(found)} sources", "doc_ids": tuple(found)},
         )
 
+    def vocabulary(self, *, caller: str | Caller, tenant: str | None = None) -> Vocabulary:
+        """The labels, subjects and documents of the caller's tenant, for filtering its receipts
+        (``retrieval.review.vocabulary``); needs ``audit``."""
+        who = _asker(caller, None, tenant, None)
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.AUDIT,
+            lambda permission: vocabulary(self.store, permission.policy, who.tenant),
+            lambda found: {"reason": f"vocabulary: {len(found.labels)} labels, {len(found.subjects)} subjects, "
+                                     f"{len(found.documents)} documents"},
+        )  # fmt: skip
+
     def lineage(self, item_id: str, *, caller: str | Caller | None = None, tenant: str | None = None) -> dict[str, Any]:
         """A source or row's lineage: source -> chunks -> derived rows -> the receipts that returned them.
 
@@ -758,13 +774,20 @@ class Warehouse:
 
     def receipts(self, *, caller: str | Caller, tenant: str | None = None, **filters: Any) -> list[StoredReceipt]:
         """Audit receipts of the caller's tenant matching ``filters`` (see ``AuditLog.query``); needs ``audit``."""
+        return self.receipt_page(caller=caller, tenant=tenant, **filters)[1]
+
+    def receipt_page(
+        self, *, caller: str | Caller, tenant: str | None = None, **filters: Any
+    ) -> tuple[int, list[StoredReceipt]]:
+        """How many receipts of the caller's tenant match ``filters``, and the page ``offset`` and
+        ``limit`` pick of them, newest first (see ``AuditLog.page``); needs ``audit``."""
         who = _asker(caller, None, tenant, None)
         return self._gate.run(
             Operation.AUDIT,
             who,
             Need.AUDIT,
-            lambda _: self.audit.query(**{**filters, "tenant": who.tenant}),
-            lambda found: {"reason": f"audit query: {len(found)} receipts"},
+            lambda _: self.audit.page(**{**filters, "tenant": who.tenant}),
+            lambda found: {"reason": f"audit query: {len(found[1])} of {found[0]} receipts"},
         )
 
     def verify_audit(

@@ -49,7 +49,8 @@ def ingest(
     engine: str,
     settings: Settings,
 ) -> None:
-    """Ingest JSONL records, files and folders (txt, md, html, pdf) with their governance.
+    """Ingest JSONL records, files and folders (txt, md, rst, csv, json, html, pdf, docx, text with
+    no extension) with their governance.
 
     Unchanged documents are not rewritten; a changed one replaces its old chunks atomically.
     Any rejected input makes the exit status non-zero unless --skip-invalid is given.

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi_offline import FastAPIOffline
 from pydantic import BeforeValidator
@@ -53,6 +53,7 @@ from .http_models import (
     ServingIndexModel,
     SyncRequest,
     SyncResponse,
+    VocabularyModel,
 )
 from .limits import BodyLimit
 from .scim import mount_scim
@@ -217,10 +218,15 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         operation: Annotated[str | None, Query(max_length=32)] = None,
         since: Instant | None = None,
         until: Instant | None = None,
+        allowed: Annotated[bool | None, Query(description="Only the allowed (true) or the refused (false).")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_RECEIPTS)] = 100,
+        offset: Annotated[int, Query(ge=0, description="Skip the newest this many (a page).")] = 0,
+        *,
+        response: Response,
     ) -> list[ReceiptModel]:
-        """The caller's tenant's receipts, newest first, filtered (needs ``audit``)."""
-        found = warehouse.receipts(
+        """The caller's tenant's receipts, newest first, filtered and paged; ``X-Total-Count`` says
+        how many match in all (needs ``audit``)."""
+        total, found = warehouse.receipt_page(
             caller=identity,
             subject=subject,
             label=label,
@@ -229,8 +235,11 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
             operation=operation,
             since=since,
             until=until,
+            allowed=allowed,
             limit=limit,
+            offset=offset,
         )
+        response.headers["X-Total-Count"] = str(total)
         return [ReceiptModel.of(r) for r in found]
 
     @app.get("/v1/audit/access-review", response_model=AccessReviewModel, tags=["audit"])
@@ -248,6 +257,14 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         """Every row carrying ``label`` in the caller's tenant, grouped by source document (needs ``audit``)."""
         found = warehouse.inventory(label=label, caller=identity)
         return InventoryModel(label=label, tenant=identity.tenant, sources=found)
+
+    @app.get("/v1/audit/vocabulary", response_model=VocabularyModel, tags=["audit"])
+    def vocabulary(identity: Verified) -> VocabularyModel:
+        """The labels, users and services, and documents of the caller's tenant, to filter its
+        receipts by (at most 1,000 of each; needs ``audit``)."""
+        found = warehouse.vocabulary(caller=identity)
+        return VocabularyModel(tenant=found.tenant, labels=list(found.labels), subjects=list(found.subjects),
+                               documents=list(found.documents))  # fmt: skip
 
     @app.get("/v1/audit/verify", response_model=ChainModel, tags=["audit"])
     def verify(identity: Verified, expect_head: str | None = None) -> ChainModel:

@@ -359,3 +359,12 @@ class Readiness(BaseModel):
     table_version: int
     policy_problem: str | None = None  # a newer policy did not load; the one named above stays in force
     serving_index: ServingIndexModel | None = None
+
+
+class VocabularyModel(BaseModel):
+    """What the caller's tenant's receipts can be filtered by (a picker's suggestions)."""
+
+    tenant: str
+    labels: list[str]
+    subjects: list[str]
+    documents: list[str]

@@ -810,7 +810,12 @@ class AuditLog:
 
     # -- querying -------------------------------------------------------------------------
 
-    def query(
+    def query(self, **filters: Any) -> list[StoredReceipt]:
+        """Receipts matching every given filter, newest first (the filters and ``limit`` of
+        ``page``, which also gives their number)."""
+        return self.page(**filters)[1]
+
+    def page(
         self,
         *,
         chunk_id: str | None = None,
@@ -823,18 +828,27 @@ class AuditLog:
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int | None = None,
-    ) -> list[StoredReceipt]:
-        """Receipts matching every given filter, newest first.
+        allowed: bool | None = None,
+        offset: int = 0,
+    ) -> tuple[int, list[StoredReceipt]]:
+        """How many receipts match every given filter, and ``limit`` of them, newest first, after
+        the newest ``offset``: a page, with the total a pager shows.
 
-        ``since`` is inclusive and ``until`` exclusive; both need a timezone. ``limit`` keeps the
-        newest that many. ``any_chunk_ids`` matches receipts naming any of those rows (none: no
-        receipt). Every value reaches SQL as a quoted literal.
+        ``since`` is inclusive and ``until`` exclusive; both need a timezone. ``any_chunk_ids``
+        matches receipts naming any of those rows (none: no receipt); ``allowed`` keeps the allowed
+        (True) or the refused (False). Every value reaches SQL as a quoted literal.
         """
         clauses: list[str] = []
+        if allowed is not None:
+            if not isinstance(allowed, bool):
+                raise InvalidRequestError(f"audit query allowed must be true or false, got {allowed!r}")
+            clauses.append(f"allowed = {'true' if allowed else 'false'}")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise InvalidRequestError(f"audit query offset must be a non-negative int, got {offset!r}")
         if any_chunk_ids is not None:
             wanted = sorted({c for c in any_chunk_ids if "\x00" not in c})
             if not wanted:
-                return []
+                return 0, []
             clauses.append(f"array_has_any(chunk_ids, {sql_list(wanted)})")
         try:
             for column, value in (("chunk_ids", chunk_id), ("doc_ids", doc_id), ("labels", label)):
@@ -853,9 +867,8 @@ class AuditLog:
             raise InvalidRequestError(f"audit query limit must be a non-negative int, got {limit!r}")
 
         found = self._table.rows(" AND ".join(f"({clause})" for clause in clauses) or None)
-        if limit is not None:
-            found = found[:limit]
-        return [self._stored(row) for row in found]
+        shown = found[offset:] if limit is None else found[offset : offset + limit]
+        return len(found), [self._stored(row) for row in shown]
 
     @staticmethod
     def _stored(row: Mapping[str, Any]) -> StoredReceipt:

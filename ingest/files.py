@@ -1,4 +1,5 @@
-"""Files as sources: text, Markdown, HTML and PDF, each with its governance (DESIGN §6).
+"""Files as sources: text (with no extension too), Markdown, reStructuredText, CSV, JSON, HTML, PDF
+and Word, each with its governance (DESIGN §6); JSONL record files found in folders.
 
 A file's governance comes from a sidecar ``<file>.acl.yaml`` next to it, else from the first
 matching rule of a manifest, or (``acl_from="posix"``) its ACL from the POSIX permissions and
@@ -19,22 +20,32 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+import docx
 import yaml
 from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWarning
 from pypdf import PdfReader
 
 from ..errors import InvalidSourceError
 from .posix_access import posix_readers
-from .records import Outcome, Rejected, Skipped, build_record
+from .records import Outcome, Rejected, Skipped, build_record, read_jsonl
 
 MEDIA_TYPES = {
     ".txt": "text/plain",
     ".md": "text/markdown",
     ".markdown": "text/markdown",
+    ".rst": "text/x-rst",
+    ".csv": "text/csv",
+    ".json": "application/json",
     ".html": "text/html",
     ".htm": "text/html",
     ".pdf": "application/pdf",
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
 }
+SNIFFED = "text/plain"
+"""The type of a file with no extension (``README``, ``LICENSE``, ``copyright``) whose first bytes
+are UTF-8 text: read as plain text."""
+RECORD_SUFFIXES = (".jsonl", ".jsonl.gz")
+"""Files of JSONL records, found in a folder as when named: each line a record with its own governance."""
 SIDECAR_SUFFIX = ".acl.yaml"
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 BINARY_PROBE_BYTES = 8 * 1024
@@ -164,9 +175,11 @@ def _load_manifest(path: Path) -> _Manifest:
 
 
 def _extract_text(data: bytes, media_type: str, origin: str) -> str:
-    """The text of a file's bytes; InvalidSourceError for binary, non-UTF-8 or unreadable PDF."""
+    """The text of a file's bytes; InvalidSourceError for binary, non-UTF-8 or unreadable PDF or DOCX."""
     if media_type == "application/pdf":
         return _pdf_text(data, origin)
+    if media_type == MEDIA_TYPES[".docx"]:
+        return _docx_text(data, origin)
     if b"\0" in data[:BINARY_PROBE_BYTES]:
         raise InvalidSourceError(origin, "binary content (a NUL byte in the first 8 KiB)")
     try:
@@ -196,6 +209,37 @@ def _pdf_text(data: bytes, origin: str) -> str:
     except Exception as exc:  # noqa: BLE001 - an untrusted file can break the parser in any way
         raise InvalidSourceError(origin, f"unreadable PDF ({type(exc).__name__}: {exc})") from None
     return "\n\n".join(text for text in texts if text)
+
+
+def _docx_text(data: bytes, origin: str) -> str:
+    """The paragraphs of a Word document, then its tables' rows (cells joined by tabs), in order."""
+    try:
+        document = docx.Document(io.BytesIO(data))
+        paragraphs = [paragraph.text for paragraph in document.paragraphs]
+        rows = ["\t".join(cell.text for cell in row.cells) for table in document.tables for row in table.rows]
+    except Exception as exc:  # noqa: BLE001 - an untrusted file can break the parser in any way
+        raise InvalidSourceError(origin, f"unreadable DOCX ({type(exc).__name__}: {exc})") from None
+    return "\n".join(line for line in (*paragraphs, *rows) if line.strip())
+
+
+def _media_type(path: Path) -> str | None:
+    """A document's media type by its extension; a file with none is plain text when its first
+    bytes are UTF-8 text (content sniffing), else no document."""
+    if path.suffix:
+        return MEDIA_TYPES.get(path.suffix.lower())
+    try:
+        with path.open("rb") as handle:
+            probe = handle.read(BINARY_PROBE_BYTES)
+    except OSError:
+        return SNIFFED  # unreadable: reading it again says why, as for any other file
+    if b"\0" in probe:
+        return None
+    try:
+        probe.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(probe) - 3:  # not a character cut at the end of the probe
+            return None
+    return SNIFFED
 
 
 def _walk(folder: Path, excluded: Path | None) -> Iterator[tuple[Path, str] | Rejected]:
@@ -229,7 +273,9 @@ class _Loader:
 
     def outcomes(self, paths: list[Path]) -> Iterator[Outcome]:
         excluded = Path(os.path.abspath(self.manifest.path)) if self.manifest else None
-        for given in paths:
+        for given in dict.fromkeys(Path(os.path.abspath(p)) for p in paths):  # an input given twice is read once
+            if given == excluded:
+                continue  # the manifest governs, it is not a document
             named = not given.is_dir()
             if not named:
                 candidates: Iterator[tuple[Path, str] | Rejected] = _walk(given, excluded)
@@ -241,15 +287,17 @@ class _Loader:
             for candidate in candidates:
                 if isinstance(candidate, Rejected):
                     yield candidate
-                    continue
-                yield self.outcome(*candidate, named=named)
+                elif candidate[0].name.lower().endswith(RECORD_SUFFIXES):
+                    yield from read_jsonl(candidate[0], max_line_bytes=self.max_bytes)
+                else:
+                    yield self.outcome(*candidate, named=named)
 
     def outcome(self, path: Path, relative: str, *, named: bool) -> Outcome:
         """The one outcome of one file."""
         origin = str(path)
-        media_type = MEDIA_TYPES.get(path.suffix.lower())
+        media_type = _media_type(path)
         if media_type is None:
-            reason = f"unsupported file type {path.suffix or '(no extension)'}"
+            reason = f"unsupported file type {path.suffix}" if path.suffix else "not text (a file with no extension)"
             return Rejected(source=origin, reason=reason) if named else Skipped(source=origin, reason=reason)
         try:
             size = path.stat().st_size

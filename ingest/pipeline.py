@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
+import os
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -14,7 +17,7 @@ from tqdm import tqdm
 
 from ..embedder import Embedder
 from ..state import Store
-from .files import iter_file_sources
+from .files import RECORD_SUFFIXES, SIDECAR_SUFFIX, iter_file_sources
 from .records import Outcome, Rejected, Skipped, SourceRecord, read_jsonl
 from .writer import BatchResult, DocumentWriter
 
@@ -67,7 +70,7 @@ class IngestReport:
 
 
 def _is_jsonl(path: Path) -> bool:
-    return path.name.endswith((".jsonl", ".jsonl.gz"))
+    return path.name.lower().endswith(RECORD_SUFFIXES)
 
 
 def iter_sources(
@@ -80,8 +83,7 @@ def iter_sources(
 ) -> Iterator[Outcome]:
     """Every outcome of every input: JSONL files record by record, other paths as documents."""
     files: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
+    for path in dict.fromkeys(Path(os.path.abspath(raw)) for raw in paths):  # an input given twice is read once
         if not path.exists():
             yield Rejected(source=str(path), reason="no such file or folder")
         elif path.is_file() and _is_jsonl(path):
@@ -91,6 +93,92 @@ def iter_sources(
     if files:
         yield from iter_file_sources(
             files, manifest=manifest, acl_from=acl_from, default_tenant=default_tenant, max_bytes=max_bytes
+        )
+
+
+def count_inputs(paths: Sequence[Path | str], *, manifest: Path | None = None) -> int:
+    """How many outcomes ``iter_sources`` will give for ``paths``, near enough for a progress bar:
+    one per non-blank line of a JSONL file, one per other file a folder holds (hidden entries,
+    sidecars and the manifest left out). Reading is cheap beside embedding what is read."""
+    excluded = Path(os.path.abspath(manifest)) if manifest is not None else None
+    found = 0
+    for path in dict.fromkeys(Path(os.path.abspath(raw)) for raw in paths):
+        if path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames[:] = [name for name in dirnames if not name.startswith(".")]
+                for name in filenames:
+                    file = Path(dirpath, name)
+                    if not name.startswith(".") and not name.endswith(SIDECAR_SUFFIX) and file != excluded:
+                        found += _records_in(file) if name.lower().endswith(RECORD_SUFFIXES) else 1
+        elif path.is_file() and path != excluded:
+            found += _records_in(path) if _is_jsonl(path) else 1
+    return found
+
+
+def _records_in(path: Path) -> int:
+    """The non-blank lines of a JSONL file (gzipped or not); 1 if it cannot be read (its outcome says why)."""
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    except (OSError, EOFError, zlib.error):
+        return 1
+
+
+class IngestProgress:
+    """The ingest's bar: inputs done of the total, the time left, and chunks and documents a
+    second. Inputs refused or skipped count at once; a window of documents counts as its chunks
+    are embedded (so the bar moves between commits) and exactly once it is committed."""
+
+    FORMAT = "ingest {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} inputs [{elapsed}<{remaining}{postfix}]"
+
+    def __init__(self, *, total: int | None, show: bool) -> None:
+        bar_format = self.FORMAT if total else "ingest {n:.0f} inputs [{elapsed}{postfix}]"
+        self._bar = tqdm(total=total, disable=not show, file=sys.stderr, bar_format=bar_format, unit="doc")
+        self._total = total
+        self._started = time.perf_counter()
+        self._done = 0  # inputs refused, skipped or committed
+        self._ahead = 0.0  # of the window being embedded, the part already shown
+        self._documents = 0
+        self._chunks = 0
+
+    def __enter__(self) -> IngestProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+
+    def _show(self) -> None:
+        shown = self._done + self._ahead
+        self._bar.n = min(shown, self._total) if self._total else shown  # a total counted short never overflows
+        self._bar.update(0)  # tqdm redraws when its interval has passed
+
+    def passed(self) -> None:
+        self._done += 1
+        self._show()
+
+    def embedding(self, documents: int) -> Callable[[int, int], None]:
+        """What the writer tells as a window of ``documents`` is embedded: ``done`` of ``of`` chunks."""
+
+        def told(done: int, of: int) -> None:
+            self._ahead = documents * done / of * 0.99  # the last part waits for the commit
+            self._rates(self._chunks + done)
+            self._show()
+
+        return told
+
+    def committed(self, documents: int, chunks: int) -> None:
+        """A batch of ``documents`` committed, with ``chunks`` new chunks."""
+        self._ahead = max(0.0, self._ahead - documents)
+        self._done += documents
+        self._documents += documents
+        self._chunks += chunks
+        self._rates(self._chunks)
+        self._show()
+
+    def _rates(self, chunks: int) -> None:
+        seconds = max(time.perf_counter() - self._started, 1e-9)
+        self._bar.set_postfix_str(
+            f"{chunks} chunks, {chunks / seconds:.1f} chunks/s, {self._documents / seconds:.1f} docs/s", refresh=False
         )
 
 
@@ -140,12 +228,16 @@ def run_ingest(
     progress: bool | None = None,
     engine: IngestEngine | None = None,
     window_docs: int = EMBED_WINDOW_DOCS,
+    total: Callable[[], int] | None = None,
 ) -> IngestReport:
     """Write every valid record, batch by batch; each batch is one commit.
 
     Batches are written a window at a time (about ``window_docs`` documents, or the engine's
     window) so the window's text is embedded in one call; commits stay one per batch.
     ``engine`` chunks and embeds elsewhere (``ray_engine.RayEngine``); by default, in this process.
+    With ``progress`` (by default, on a terminal) a bar counts inputs against ``total()`` (asked
+    only then), with chunks and documents a second and the time left, moving as chunks are
+    embedded (``IngestProgress``).
     """
     started = time.perf_counter()
     run_id = str(uuid.uuid4())
@@ -157,9 +249,13 @@ def run_ingest(
     batch: list[SourceRecord] = []
     window: list[list[SourceRecord]] = []
     window_batches = max(1, (engine.window_docs if engine else window_docs) // batch_docs)
-    write_many = writer.write_many if engine is None else (lambda batches: engine.write_many(writer, batches))
     show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(desc="ingest", unit="doc", disable=not show, file=sys.stderr)
+    bar = IngestProgress(total=total() if show and total is not None else None, show=show)
+
+    def write_many(batches: list[list[SourceRecord]]) -> list[BatchResult]:
+        if engine is not None:
+            return engine.write_many(writer, batches)
+        return writer.write_many(batches, bar.embedding(sum(len(records) for records in batches)))
 
     def flush(*, final: bool = False) -> None:
         nonlocal unchanged, chunks
@@ -172,7 +268,7 @@ def run_ingest(
             written.extend(result.written)
             unchanged += len(result.unchanged)
             chunks += result.chunks
-            bar.update(len(records))
+            bar.committed(len(records), result.chunks)
         window.clear()
 
     with bar:
@@ -180,8 +276,10 @@ def run_ingest(
         for outcome in dedupe_ids(checked):
             if isinstance(outcome, Skipped):
                 skipped.append(outcome)
+                bar.passed()
             elif isinstance(outcome, Rejected):
                 rejected.append(outcome)
+                bar.passed()
             else:
                 batch.append(outcome)
                 if len(batch) >= batch_docs:

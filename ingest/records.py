@@ -12,13 +12,13 @@ import hashlib
 import json
 import math
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidSourceError
-from ..governance.tags import GovernanceTags
+from ..governance.tags import Classification, GovernanceTags, label_problem, principal_problem, tenant_problem
 
 MAX_ID_LENGTH = 512
 MAX_LINE_BYTES = 20 * 1024 * 1024
@@ -95,26 +95,46 @@ def _string_list(value: object, what: str) -> list[str]:
 
 
 def parse_tags(*, tenant: object, acl: object, labels: object, classification: object) -> GovernanceTags:
-    """A source's governance from its JSON fields; ValueError says what is wrong (fail closed)."""
+    """A source's governance from its JSON fields; ValueError says everything that is wrong, at
+    once (fail closed: nothing is defaulted)."""
+    problems: list[str] = []
+    allow: list[str] = []
+    deny: list[str] = []
     if acl is None:
-        raise ValueError("no ACL; every source needs acl.allow (fail closed)")
-    if not isinstance(acl, Mapping):
-        raise ValueError(f"acl must be an object with allow and deny lists, not {type(acl).__name__}")
-    unknown = set(acl) - {"allow", "deny"}
-    if unknown:
-        raise ValueError(f"acl has unknown keys {sorted(unknown)}; use allow and deny")
-    allow = _string_list(acl.get("allow"), "acl.allow")
-    if not allow:
-        raise ValueError("acl.allow is empty, so nobody could read it; name at least one principal")
+        problems.append("no ACL; every source needs acl.allow (fail closed)")
+    elif not isinstance(acl, Mapping):
+        problems.append(f"acl must be an object with allow and deny lists, not {type(acl).__name__}")
+    else:
+        unknown = set(acl) - {"allow", "deny"}
+        if unknown:
+            problems.append(f"acl has unknown keys {sorted(unknown)}; use allow and deny")
+        allow = _collected(problems, lambda: _string_list(acl.get("allow"), "acl.allow"))
+        deny = _collected(problems, lambda: _string_list(acl.get("deny"), "acl.deny"))
+        if not allow and isinstance(acl.get("allow", []), list):  # (a list of the wrong type is said above)
+            problems.append("acl.allow is empty, so nobody could read it; name at least one principal")
+    named = _collected(problems, lambda: _string_list(labels, "labels"))
     if classification is None:
-        raise ValueError("no classification; use public, internal, confidential or restricted")
-    return GovernanceTags.for_source(
-        tenant=tenant,  # type: ignore[arg-type]
-        allow=allow,
-        deny=_string_list(acl.get("deny"), "acl.deny"),
-        labels=_string_list(labels, "labels"),
-        classification=classification,
-    )
+        problems.append("no classification; use public, internal, confidential or restricted")
+    else:
+        _collected(problems, lambda: [Classification.parse(classification)])
+    if tenant is None:
+        problems.append("no tenant; every source names the tenant it belongs to")
+    if not problems:
+        return GovernanceTags.for_source(tenant=tenant, allow=allow, deny=deny, labels=named,  # type: ignore[arg-type]
+                                         classification=classification)  # fmt: skip
+    # the rest of what is wrong, said with the rest: the tenant, principals and labels as given
+    found = [tenant_problem(tenant)] if tenant is not None else []
+    found += [principal_problem(p) for p in (*allow, *deny)] + [label_problem(label) for label in named]
+    raise ValueError("; ".join([*problems, *(problem for problem in found if problem)]))
+
+
+def _collected(problems: list[str], step: Callable[[], list[Any]]) -> list[Any]:
+    """``step()``, or an empty list with its ValueError's message added to ``problems``."""
+    try:
+        return step()
+    except ValueError as exc:
+        problems.append(str(exc))
+        return []
 
 
 def build_record(
@@ -135,39 +155,51 @@ def build_record(
 
     A missing ACL is refused (fail closed), never defaulted. Empty text is ``Skipped``.
     """
-    try:
-        if not isinstance(doc_id, str) or not doc_id.strip() or len(doc_id) > MAX_ID_LENGTH or not doc_id.isprintable():
-            raise ValueError(f"id {doc_id!r} must be printable text of 1 to {MAX_ID_LENGTH} characters")
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a string, not {type(text).__name__}")
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise ValueError(f"metadata must be an object, not {type(metadata).__name__}")
-        if metadata and not all(isinstance(key, str) for key in metadata):
-            raise ValueError("metadata keys must be strings")
-        try:
-            stored = metadata_json(metadata or {})
-        except ValueError:
-            raise ValueError("metadata holds NaN or infinity, which JSON cannot carry") from None
-        if len(stored.encode("utf-8")) > MAX_METADATA_BYTES:
-            raise ValueError(f"metadata is {len(stored.encode('utf-8'))} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
-        if uri is not None and not isinstance(uri, str):
-            raise ValueError(f"uri must be a string, not {type(uri).__name__}")
-        tags = parse_tags(tenant=tenant, acl=acl, labels=labels, classification=classification)
-        brought = _brought_vector(vector, model)
-    except ValueError as exc:
-        raise InvalidSourceError(origin, str(exc)) from None
+    problems: list[str] = []
+    if doc_id is None:
+        problems.append("no id; every source needs an id, unique in its tenant")
+    elif not isinstance(doc_id, str) or not doc_id.strip() or len(doc_id) > MAX_ID_LENGTH or not doc_id.isprintable():
+        problems.append(f"id {doc_id!r} must be printable text of 1 to {MAX_ID_LENGTH} characters")
+    if text is None:
+        problems.append("no text")
+    elif not isinstance(text, str):
+        problems.append(f"text must be a string, not {type(text).__name__}")
+    _collected(problems, lambda: [_check_metadata(metadata)])
+    if uri is not None and not isinstance(uri, str):
+        problems.append(f"uri must be a string, not {type(uri).__name__}")
+    tags = _collected(problems, lambda: [parse_tags(tenant=tenant, acl=acl, labels=labels, classification=classification)])
+    brought = _collected(problems, lambda: [_brought_vector(vector, model)])
+    if problems:  # every one at once: fixing a record takes one round, not one per fault
+        raise InvalidSourceError(origin, "; ".join(problems))
+    assert isinstance(doc_id, str) and isinstance(text, str)
     if not text.strip():
         return Skipped(source=origin, reason="empty text")
     return SourceRecord(
         doc_id=doc_id,
         text=text,
-        tags=tags,
-        uri=uri or f"doc:{doc_id}",
+        tags=tags[0],
+        uri=uri or f"doc:{doc_id}",  # type: ignore[has-type]
         origin=origin,
-        metadata=dict(metadata or {}),
-        vector=brought,
-        model=model if brought is not None else None,  # type: ignore[arg-type] - checked in _brought_vector
+        metadata=dict(metadata or {}),  # type: ignore[call-overload]
+        vector=brought[0],
+        model=model if brought[0] is not None else None,  # type: ignore[arg-type] - checked in _brought_vector
     )
+
+
+def _check_metadata(metadata: object) -> None:
+    """ValueError unless ``metadata`` is an object with text keys that JSON can hold within the limit."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise ValueError(f"metadata must be an object, not {type(metadata).__name__}")
+    if not all(isinstance(key, str) for key in metadata):
+        raise ValueError("metadata keys must be strings")
+    try:
+        stored = metadata_json(metadata)
+    except ValueError:
+        raise ValueError("metadata holds NaN or infinity, which JSON cannot carry") from None
+    if len(stored.encode("utf-8")) > MAX_METADATA_BYTES:
+        raise ValueError(f"metadata is {len(stored.encode('utf-8'))} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
 
 
 def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:

@@ -8,7 +8,7 @@ embedded (same chunk id) keeps its stored vector, so re-tagging never re-embeds.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -86,19 +86,23 @@ class DocumentWriter:
         """Write one batch in one commit."""
         return self.write_many([records])[0]
 
-    def write_many(self, batches: Sequence[Sequence[SourceRecord]]) -> list[BatchResult]:
+    def write_many(
+        self, batches: Sequence[Sequence[SourceRecord]], progress: Callable[[int, int], None] | None = None
+    ) -> list[BatchResult]:
         """Write several batches, each in its own commit, embedding all their new text in one call.
 
         One call gives the model full, length-sorted batches instead of a ragged tail per commit.
         If it fails, the batches are written one by one, so those before the failing one still
-        land, exactly as if each had been written alone.
+        land, exactly as if each had been written alone. ``progress(done, of)`` hears how many of
+        the ``of`` new chunk texts are embedded, as they are.
         """
         plans = [self._plan(records) for records in batches]
         texts = {cid: text for plan in plans for cid, text in plan.to_embed.items()}
         fresh: dict[str, list[float]] = {}
         if texts:
             try:
-                embedded = self.embedder.encode(list(texts.values()))
+                told = None if progress is None else (lambda done: progress(done, len(texts)))
+                embedded = self.embedder.encode(list(texts.values()), told)
             except Exception:
                 if len(plans) == 1:
                     raise

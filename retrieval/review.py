@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..governance.compiler import SubjectView
+from ..governance.policy import Policy
 from ..governance.sql import sql_list, sql_string
 from ..governance.tags import Classification, label_problem
 from ..state import Store
@@ -88,3 +89,29 @@ def _root_sources(store: Store, row: Mapping[str, Any]) -> set[str]:
             else:
                 pending.extend(parent["parents"])
     return roots
+
+
+VOCABULARY_MAX = 1000
+"""The most names of each kind a vocabulary lists (a picker's suggestions, not an inventory)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vocabulary:
+    """What a tenant's receipts can be filtered by: the labels its rows carry, the users and
+    services its policy names, its documents (each sorted, at most ``VOCABULARY_MAX``)."""
+
+    tenant: str
+    labels: tuple[str, ...]
+    subjects: tuple[str, ...]
+    documents: tuple[str, ...]
+
+
+def vocabulary(store: Store, policy: Policy | None, tenant: str) -> Vocabulary:
+    """The names a reviewer of ``tenant`` picks from, from that tenant's rows and policy alone."""
+    rows = store.rows_where(f"tenant = {sql_string(tenant)}", ["doc_id", "kind", "labels"])
+    labels = sorted({label for row in rows for label in row["labels"]})
+    documents = sorted({row["doc_id"] for row in rows if row["kind"] == "chunk"})
+    named = policy.named() if policy is not None else []
+    subjects = sorted({p for t, p in named if t == tenant and p.startswith(("user:", "service:"))})
+    return Vocabulary(tenant=tenant, labels=tuple(labels[:VOCABULARY_MAX]), subjects=tuple(subjects[:VOCABULARY_MAX]),
+                      documents=tuple(documents[:VOCABULARY_MAX]))  # fmt: skip

@@ -6,7 +6,10 @@
 const API_ROOT = new URL("../v1/", document.baseURI);
 const TOKEN_KEY = "ragwarden.token";
 const SVG_NS = "http://www.w3.org/2000/svg";
-const RECEIPTS_SHOWN = 200;
+const RECEIPTS_PAGE = 50;
+const EXPORT_PAGE = 1000; // the most receipts the API gives per request
+const VERIFIED_KEY = "ragwarden.verified"; // the last chain verification, kept for the session
+const OPERATIONS = ["search", "get", "ingest", "derive", "sync", "forget", "explain", "audit", "admin", "provision"];
 const PAGES = { search: searchPage, lineage: lineagePage, receipts: receiptsPage, review: reviewPage, inventory: inventoryPage };
 
 let identity = null; // {subject, tenant, actor, method} from /v1/whoami
@@ -87,7 +90,7 @@ class ApiError extends Error {
   }
 }
 
-async function api(path, { method = "GET", body, params } = {}) {
+async function api(path, { method = "GET", body, params, withTotal = false } = {}) {
   const url = new URL(path, API_ROOT);
   for (const [name, value] of Object.entries(params || {})) if (value) url.searchParams.set(name, value);
   const token = sessionStorage.getItem(TOKEN_KEY) || "";
@@ -100,7 +103,7 @@ async function api(path, { method = "GET", body, params } = {}) {
     throw new ApiError(0, "unreachable", `the service did not answer (${error.message})`);
   }
   const data = await response.json().catch(() => null);
-  if (response.ok) return data;
+  if (response.ok) return withTotal ? { data, total: Number(response.headers.get("X-Total-Count")) } : data;
   const error = (data && data.error) || {};
   // Only the credential this request carried is dropped: a newer sign-in stays. Refused before
   // anyone was signed in, it is a failed sign-in; after, a sign-out (an expired token, say).
@@ -112,6 +115,7 @@ async function api(path, { method = "GET", body, params } = {}) {
 
 function signOut(message) {
   sessionStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(VERIFIED_KEY);
   identity = null;
   renderSignIn(message);
 }
@@ -281,31 +285,128 @@ function lineageGraph(lineage) {
   return el("div", { class: "graph" }, graph);
 }
 
+const RECEIPT_FILTERS = ["subject", "label", "doc_id", "operation", "allowed", "since", "until"];
+const RECEIPT_COLUMNS = ["chain", "seq", "time", "operation", "subject", "actor", "purpose", "allowed", "reason", "withheld",
+  "doc_ids", "labels", "policy_version", "hash"];
+
 async function receiptsPage(view, params) {
+  const vocabulary = await api("audit/vocabulary");
   const inputs = {
-    subject: el("input", { id: "filter-subject", value: params.get("subject") || "", placeholder: "user:alice" }),
-    label: el("input", { id: "filter-label", value: params.get("label") || "", placeholder: "finance" }),
-    doc_id: el("input", { id: "filter-document", value: params.get("doc_id") || "", placeholder: "document id" }),
+    subject: el("input", { id: "filter-subject", value: params.get("subject") || "", placeholder: "user:alice", list: "known-subjects" }),
+    label: el("input", { id: "filter-label", value: params.get("label") || "", placeholder: "finance", list: "known-labels" }),
+    doc_id: el("input", { id: "filter-document", value: params.get("doc_id") || "", placeholder: "document id", list: "known-documents" }),
+    operation: el("select", { id: "filter-operation" }, ["", ...OPERATIONS].map((o) =>
+      el("option", { value: o, selected: (params.get("operation") || "") === o }, o || "any"))),
+    allowed: el("select", { id: "filter-allowed" }, [["", "any"], ["true", "allowed"], ["false", "refused"]].map(([v, text]) =>
+      el("option", { value: v, selected: (params.get("allowed") || "") === v }, text))),
     since: el("input", { id: "filter-since", type: "datetime-local", step: 1, value: localInput(params.get("since")) }),
     until: el("input", { id: "filter-until", type: "datetime-local", step: 1, value: localInput(params.get("until")) }),
   };
   const fields = [field("Subject", inputs.subject), field("Label", inputs.label), field("Document", inputs.doc_id),
+    field("Operation", inputs.operation), field("Outcome", inputs.allowed),
     field("Since (your time)", inputs.since), field("Before (your time)", inputs.until)];
-  view.append(el("h2", {}, "Audit receipts"), toolbar("receipts-form", fields, "Filter", "receipts", () => ({
-    subject: inputs.subject.value, label: inputs.label.value, doc_id: inputs.doc_id.value,
-    since: isoInstant(inputs.since.value), until: isoInstant(inputs.until.value) })));
-  const chain = await api("audit/verify");
-  view.append(el("p", { id: "chain-status", class: chain.ok ? "ok" : "broken" },
-    chain.ok ? `Chains verified: intact, ${chain.receipts} receipts in ${chain.chains} chains, checkpoint ${chain.checkpoint}`
-      : `Chain BROKEN: ${chain.problems.join("; ")}`));
-  const filters = Object.fromEntries(["subject", "label", "doc_id", "since", "until"].map((name) => [name, params.get(name)]));
-  const found = await api("audit/receipts", { params: { ...filters, limit: RECEIPTS_SHOWN } });
-  if (found.length === RECEIPTS_SHOWN) view.append(el("p", { id: "receipts-capped" }, `The ${RECEIPTS_SHOWN} newest matching receipts; narrow the filters for older ones.`));
+  view.append(el("h2", {}, "Audit receipts"),
+    datalist("known-subjects", vocabulary.subjects), datalist("known-labels", vocabulary.labels),
+    datalist("known-documents", vocabulary.documents),
+    toolbar("receipts-form", fields, "Filter", "receipts", () => ({
+      subject: inputs.subject.value, label: inputs.label.value, doc_id: inputs.doc_id.value, operation: inputs.operation.value,
+      allowed: inputs.allowed.value, since: isoInstant(inputs.since.value), until: isoInstant(inputs.until.value) })));
+  const status = el("p", { id: "chain-status" });
+  const again = el("button", { id: "verify-again", type: "button", onclick: async () => {
+    again.disabled = true;
+    showChain(status, await verifiedChain(true));
+    again.disabled = false;
+  } }, "Verify again");
+  view.append(el("div", { class: "chain" }, status, again));
+  showChain(status, await verifiedChain(false));
+  const filters = Object.fromEntries(RECEIPT_FILTERS.map((name) => [name, params.get(name)]));
+  const offset = Math.max(0, Number(params.get("offset") || 0));
+  const { data: found, total } = await api("audit/receipts", { params: { ...filters, limit: RECEIPTS_PAGE, offset }, withTotal: true });
+  const pageLink = (to, text, id) => el("a", { id, href: `#/receipts?${new URLSearchParams(
+    Object.entries({ ...filters, offset: String(to) }).filter(([, v]) => v))}` }, text);
+  view.append(el("p", { id: "receipts-pager", class: "pager" },
+    found.length ? `Receipts ${offset + 1}–${offset + found.length} of ${total}` : `0 of ${total}`,
+    offset > 0 ? [" · ", pageLink(Math.max(0, offset - RECEIPTS_PAGE), "newer", "receipts-newer")] : "",
+    offset + found.length < total ? [" · ", pageLink(offset + RECEIPTS_PAGE, "older", "receipts-older")] : "",
+    " · ", el("button", { id: "export-receipts-csv", type: "button", onclick: () => exportReceipts(filters, "csv") }, "Export CSV"),
+    " ", el("button", { id: "export-receipts-json", type: "button", onclick: () => exportReceipts(filters, "json") }, "Export JSON")));
   view.append(found.length
-    ? table(["chain #", "time (yours)", "operation", "subject", "actor", "allowed", "reason", "documents", "labels"], found.map((r) => [
-      `${r.chain.slice(0, 8)} #${r.seq}`, localInput(r.time).replace("T", " "), r.operation, r.subject, r.actor || "", r.allowed ? "yes" : "no", r.reason, r.doc_ids.join(", "),
-      chips([...new Set(Object.values(r.chunk_labels).flat())].sort())]), { id: "receipts" })
+    ? table(["chain #", "time (yours)", "operation", "subject", "actor", "purpose", "allowed", "reason", "withheld", "documents", "labels"],
+      found.map((r) => [`${r.chain.slice(0, 8)} #${r.seq}`, localInput(r.time).replace("T", " "), r.operation, r.subject, r.actor || "",
+        r.purpose || "", r.allowed ? "yes" : "no", r.reason, String(r.withheld), r.doc_ids.join(", "), chips(receiptLabels(r))]), { id: "receipts" })
     : el("p", { id: "receipts", class: "empty" }, "No receipts match these filters."));
+}
+
+function datalist(id, values) {
+  return el("datalist", { id }, values.map((value) => el("option", { value })));
+}
+
+function receiptLabels(receipt) {
+  return [...new Set(Object.values(receipt.chunk_labels).flat())].sort();
+}
+
+// The chains' state: verified once a session and kept (with the checkpoint it reached), not on every open.
+async function verifiedChain(again) {
+  const kept = sessionStorage.getItem(VERIFIED_KEY);
+  if (kept && !again) return JSON.parse(kept);
+  const chain = { ...(await api("audit/verify")), at: new Date().toISOString() };
+  sessionStorage.setItem(VERIFIED_KEY, JSON.stringify(chain));
+  return chain;
+}
+
+function showChain(status, chain) {
+  status.className = chain.ok ? "ok" : "broken";
+  status.textContent = chain.ok
+    ? `Chains verified ${localInput(chain.at).replace("T", " ")}: intact, ${chain.receipts} receipts in ${chain.chains} chains, checkpoint ${chain.checkpoint}`
+    : `Chain BROKEN (verified ${localInput(chain.at).replace("T", " ")}): ${chain.problems.join("; ")}`;
+}
+
+// Every receipt the filters match (page after page), as a file to attach to an audit record, with
+// the verification it was read under.
+async function exportReceipts(given, format) {
+  const chain = await verifiedChain(false);
+  const stamp = new Date().toISOString();
+  // Up to now: the export's own queries are receipts too, and must not shift its pages.
+  const filters = { ...given, until: given.until && given.until < stamp ? given.until : stamp };
+  const receipts = [];
+  for (let offset = 0; ; offset += EXPORT_PAGE) {
+    const { data, total } = await api("audit/receipts", { params: { ...filters, limit: EXPORT_PAGE, offset }, withTotal: true });
+    receipts.push(...data);
+    if (!data.length || receipts.length >= total) break;
+  }
+  const name = `receipts-${identity.tenant}-${stamp.replace(/[:.]/g, "-")}`;
+  if (format === "json") {
+    download(`${name}.json`, "application/json", JSON.stringify({ tenant: identity.tenant, exported_at: stamp, exported_by: identity.subject,
+      filters: Object.fromEntries(Object.entries(filters).filter(([, v]) => v)),
+      verified: { ok: chain.ok, at: chain.at, checkpoint: chain.checkpoint, receipts: chain.receipts, chains: chain.chains },
+      receipts }, null, 2));
+  } else {
+    const rows = receipts.map((r) => RECEIPT_COLUMNS.map((c) => c === "labels" ? receiptLabels(r).join(" ") : c === "doc_ids" ? r.doc_ids.join(" ") : r[c]));
+    download(`${name}.csv`, "text/csv", csv([...RECEIPT_COLUMNS, "verified_checkpoint"], rows.map((row) => [...row, chain.checkpoint])));
+  }
+}
+
+function csv(header, rows) {
+  const cell = (value) => {
+    const raw = value === null || value === undefined ? "" : String(value);
+    const text = /^[=+\-@\t\r]/.test(raw) ? `'${raw}` : raw; // a spreadsheet never runs a cell as a formula
+    return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+  };
+  return [header, ...rows].map((row) => row.map(cell).join(",")).join("\r\n") + "\r\n";
+}
+
+function download(name, type, text) {
+  const link = el("a", { href: URL.createObjectURL(new Blob([text], { type })), download: name });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+}
+
+function exportButtons(id, name, rows, header, json) {
+  return el("p", { class: "exports" },
+    el("button", { id: `${id}-csv`, type: "button", onclick: () => download(`${name}.csv`, "text/csv", csv(header, rows())) }, "Export CSV"), " ",
+    el("button", { id: `${id}-json`, type: "button", onclick: () => download(`${name}.json`, "application/json", JSON.stringify(json(), null, 2)) }, "Export JSON"));
 }
 
 // An ISO instant as the browser's local "YYYY-MM-DDTHH:MM:SS" (what datetime-local shows); "" if none or unreadable.
@@ -326,6 +427,9 @@ async function reviewPage(view, params) {
   const review = await api("audit/access-review", { params: { subject: params.get("subject") || identity.subject } });
   view.append(
     el("p", { id: "review-summary" }, `${review.subject} can read ${review.rows} rows in ${review.tenant} (policy ${review.policy_version.slice(0, 12)})`),
+    exportButtons("export-review", `access-review-${review.subject}-${review.tenant}`,
+      () => ["by_source", "by_label", "by_classification", "derived_by_kind"].flatMap((by) => Object.entries(review[by]).map(([name, n]) => [by, name, n])),
+      ["counted_by", "name", "rows"], () => ({ ...review, exported_at: new Date().toISOString(), exported_by: identity.subject })),
     el("div", { class: "columns" },
       counts("By source", "source", review.by_source, "review-by-source"),
       counts("By label", "label", review.by_label, "review-by-label"),
@@ -340,6 +444,9 @@ async function inventoryPage(view, params) {
   if (!params.get("label")) return;
   const found = await api("audit/inventory", { params: { label: params.get("label") } });
   const sources = Object.entries(found.sources);
+  view.append(exportButtons("export-inventory", `inventory-${found.label}-${found.tenant}`,
+    () => sources.flatMap(([doc, rows]) => rows.map((row) => [found.label, doc, row])), ["label", "source", "row"],
+    () => ({ ...found, exported_at: new Date().toISOString(), exported_by: identity.subject })));
   view.append(sources.length
     ? table(["source", "rows", "row ids"], sources.map(([doc, rows]) => [
       el("a", { href: `#/lineage?id=${encodeURIComponent(doc)}` }, doc), String(rows.length), rows.join(" ")]), { id: "inventory" })

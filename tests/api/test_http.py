@@ -10,6 +10,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,35 @@ def test_audit_receipts_and_chain_verification_answer_an_auditor(as_user):
     chain = carol.get("/v1/audit/verify")
     assert chain.status_code == 200, chain.text
     assert chain.json()["ok"] is True and chain.json()["problems"] == []
+
+
+def test_receipts_page_by_offset_with_their_total_and_filter_by_outcome(as_user, demo_warehouse):
+    """Pages of one filter, fixed in time, tile it: no receipt twice, none left out, the total
+    in X-Total-Count; allowed=false keeps the refusals only."""
+    assert as_user("dave").get("/v1/audit/receipts").status_code == 403  # a refusal, recorded
+    carol = as_user("carol")
+    until = datetime.now(timezone.utc).isoformat()
+    first = carol.get("/v1/audit/receipts", params={"until": until, "limit": 7})
+    total = int(first.headers["X-Total-Count"])
+    assert total > 7 and len(first.json()) == 7
+    seen = []
+    for offset in range(0, total, 7):
+        page = carol.get("/v1/audit/receipts", params={"until": until, "limit": 7, "offset": offset})
+        assert int(page.headers["X-Total-Count"]) == total
+        seen += [(r["chain"], r["seq"]) for r in page.json()]
+    assert len(seen) == len(set(seen)) == total
+    expected = demo_warehouse.audit.query(tenant="acme", until=datetime.fromisoformat(until), allowed=False)
+    refused = carol.get("/v1/audit/receipts", params={"until": until, "allowed": "false", "limit": 1000})
+    assert [(r["chain"], r["seq"]) for r in refused.json()] == [(r.chain, r.seq) for r in expected]
+    assert refused.json() and not any(r["allowed"] for r in refused.json())
+
+
+def test_the_vocabulary_names_only_the_callers_tenants_labels_subjects_and_documents(as_user, demo_warehouse):
+    found = as_user("carol").get("/v1/audit/vocabulary").json()
+    assert found["tenant"] == "acme" and "legal-hold" in found["labels"] and "user:dave" in found["subjects"]
+    assert found["documents"] and all(doc.startswith("acme-") for doc in found["documents"])
+    assert not [s for s in found["subjects"] if s in ("user:erin", "user:hank")], "globex's people are not named"
+    assert as_user("dave").get("/v1/audit/vocabulary").status_code == 403
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 
+import docx
 import pytest
 
 MANIFEST = """\
@@ -110,8 +112,26 @@ def folder_of_every_format(tmp_path: Path, write_files: Callable[..., Path]) -> 
             "d.pdf": _pdf("Hello from a PDF"),
             "e.markdown": "long suffix",
             "f.htm": "<p>short suffix</p>",
+            "g.rst": "Title\n=====\n\nrestructured text",
+            "h.csv": "name,band\nalice,4",
+            "i.json": '{"note": "json text"}',
+            "LICENSE": "Permission is hereby granted",
+            "j.docx": _docx("A Word paragraph", [["cell a", "cell b"]]),
         },
     )
+
+
+def _docx(paragraph: str, rows: list[list[str]]) -> bytes:
+    """A Word document holding ``paragraph`` and one table of ``rows``, made with python-docx."""
+    document = docx.Document()
+    document.add_paragraph(paragraph)
+    table = document.add_table(rows=len(rows), cols=len(rows[0]))
+    for r, row in enumerate(rows):
+        for c, text in enumerate(row):
+            table.cell(r, c).text = text
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
 
 
 @pytest.fixture

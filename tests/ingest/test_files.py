@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import json
 import pwd
 import shutil
 import tempfile
@@ -41,6 +42,12 @@ def test_every_supported_format_becomes_a_record_with_its_text_and_media_type(fo
         "d.pdf": ("application/pdf", "Hello from a PDF"),
         "e.markdown": ("text/markdown", "long suffix"),
         "f.htm": ("text/html", "short suffix"),
+        "g.rst": ("text/x-rst", "Title\n=====\n\nrestructured text"),
+        "h.csv": ("text/csv", "name,band\nalice,4"),
+        "i.json": ("application/json", '{"note": "json text"}'),
+        "LICENSE": ("text/plain", "Permission is hereby granted"),
+        "j.docx": ("application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+                   "A Word paragraph\ncell a\tcell b"),
     }
     assert set(got) == {str(folder / name) for name in expected}
     for name, (media_type, text) in expected.items():
@@ -190,9 +197,9 @@ def test_ids_are_paths_relative_to_the_folder_or_the_file_name(folder_with_manif
 
 def test_a_second_file_with_an_id_already_used_in_the_run_is_rejected(folder_with_manifest: Path) -> None:
     folder = folder_with_manifest
-    paths = [folder / "guide.md", folder / "guide.md"]
+    paths = [folder, folder / "guide.md"]  # the folder's guide.md, then the file by name: both id guide.md
     sources = iter_sources(paths, manifest=folder / "manifest.yaml", acl_from=None, default_tenant=None, max_bytes=10**6)
-    outcomes = list(dedupe_ids(sources))
+    outcomes = [o for o in dedupe_ids(sources) if "guide.md" in (o.origin if isinstance(o, SourceRecord) else o.source)]
     assert isinstance(outcomes[0], SourceRecord)
     assert isinstance(outcomes[1], Rejected) and "already appeared in this run" in outcomes[1].reason
 
@@ -305,6 +312,36 @@ def test_an_unsupported_type_is_skipped_in_a_folder_and_rejected_when_named(fold
     assert walked == Skipped(source=str(folder / "finance/sheet.xlsx"), reason="unsupported file type .xlsx")
     named = only(iter_file_sources([folder / "finance/sheet.xlsx"], manifest=manifest))
     assert isinstance(named, Rejected) and named.reason == "unsupported file type .xlsx"
+
+
+def test_a_file_with_no_extension_is_text_only_when_its_bytes_are(tmp_path: Path, write_files) -> None:
+    folder = write_files(tmp_path / "pkg", {"copyright": "Files: *\nCopyright: 2026", "blob": b"\x7fELF\x00\x01",
+                                            "latin": b"caf\xe9 au lait"})  # fmt: skip
+    got = by_source(iter_file_sources([folder], default_tenant="acme", manifest=None, acl_from="posix"))
+    assert isinstance(got[str(folder / "copyright")], SourceRecord)
+    for name in ("blob", "latin"):
+        assert got[str(folder / name)] == Skipped(source=str(folder / name), reason="not text (a file with no extension)")
+
+
+def test_jsonl_records_found_in_a_folder_are_ingested_as_records(tmp_path: Path, write_files, make_record) -> None:
+    folder = write_files(tmp_path / "mixed", {"records/batch.jsonl": json.dumps(make_record(id="r-1")) + "\n"
+                                              + json.dumps(make_record(id="r-2")) + "\n"})  # fmt: skip
+    got = list(iter_file_sources([folder]))
+    assert [(o.doc_id, o.origin) for o in got] == [("r-1", f"{folder}/records/batch.jsonl:1 (id 'r-1')"),
+                                                  ("r-2", f"{folder}/records/batch.jsonl:2 (id 'r-2')")]  # fmt: skip
+
+
+def test_an_input_given_twice_is_read_once_and_the_manifest_given_as_input_is_no_document(
+    folder_with_manifest: Path, tmp_path: Path, write_files, make_record
+) -> None:
+    folder = folder_with_manifest
+    manifest = folder / "manifest.yaml"
+    twice = list(dedupe_ids(iter_sources([folder / "guide.md", folder / "guide.md", folder / ".." / "docs" / "guide.md"],
+                                         manifest=manifest, acl_from=None, default_tenant=None, max_bytes=1 << 20)))  # fmt: skip
+    assert [o.doc_id for o in twice] == ["guide.md"] and all(isinstance(o, SourceRecord) for o in twice)
+    records = write_files(tmp_path / "in", {"r.jsonl": json.dumps(make_record()) + "\n"}) / "r.jsonl"
+    assert len(list(iter_sources([records, records], manifest=None, acl_from=None, default_tenant=None, max_bytes=1 << 20))) == 1
+    assert list(iter_file_sources([manifest], manifest=manifest)) == []
 
 
 def test_hidden_entries_sidecars_and_the_manifest_are_not_documents(folder_with_sidecar: Path) -> None:

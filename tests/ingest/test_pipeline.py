@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,13 @@ from ragwarden.ingest.records import read_jsonl
 
 def test_every_file_format_lands_and_is_found_by_a_permitted_reader(demo_policy_warehouse, folder_of_every_format):
     report = demo_policy_warehouse.ingest(folder_of_every_format, manifest=folder_of_every_format / "manifest.yaml")
-    assert (report.documents, report.rejected) == (6, ())
+    assert (report.documents, report.rejected) == (11, ())
     (hit,) = demo_policy_warehouse.search("Hello from a PDF", subject="user:dave", tenant="acme", k=1)
     assert hit.doc_id == "d.pdf" and hit.text == "Hello from a PDF"
     html = demo_policy_warehouse.search("Paragraph one", subject="user:dave", tenant="acme", k=1, mode="fts")
     assert html[0].doc_id == "c.html" and "secret" not in html[0].text
+    word = demo_policy_warehouse.search("Word paragraph", subject="user:dave", tenant="acme", k=1, mode="fts")
+    assert word[0].doc_id == "j.docx" and "cell b" in word[0].text
 
 
 def test_files_without_governance_are_rejected_and_the_rest_land(demo_policy_warehouse, folder_with_manifest):
@@ -53,10 +57,29 @@ def test_a_progress_bar_runs_when_asked(fresh_warehouse, capsys):
     )
     assert report.documents == 32
     err = capsys.readouterr().err
-    assert "ingest: 32doc" in err
+    assert "ingest 32 inputs" in err and "32 chunks" in err
 
 
 @pytest.mark.parametrize("progress", [False, None])
 def test_no_progress_bar_off_a_terminal(fresh_warehouse, make_record, capsys, progress):
     fresh_warehouse.ingest_records([make_record()], progress=progress)
     assert capsys.readouterr().err == ""
+
+
+def test_the_progress_bar_counts_inputs_against_their_total_and_moves_while_embedding(
+    demo_policy_warehouse, tmp_path, make_record, capsys
+):
+    """Forty documents and a refused line in one commit: the bar knows the total from the start,
+    shows documents done while their chunks are embedded (before the one commit), and ends with
+    every input counted and the rates."""
+    records = [make_record(id=f"p-{n}", text=" ".join(f"Progress note {n}, sentence {s}." for s in range(60)))
+               for n in range(40)]  # fmt: skip
+    path = tmp_path / "progress.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"id": "broken"}\n', encoding="utf-8")
+    report = demo_policy_warehouse.ingest(path, progress=True)
+    assert report.documents == 40 and len(report.rejected) == 1
+    frames = [frame for frame in re.split(r"[\r\n]", capsys.readouterr().err) if frame.startswith("ingest")]
+    done = [int(found.group(1)) for frame in frames if (found := re.search(r"\| *(\d+)/41 inputs", frame))]
+    assert done and done[-1] == 41, frames[-3:]
+    assert any(1 < n < 41 for n in done), f"the bar moved only at the commit: {done}"
+    assert re.search(r"\d+ chunks, [\d.]+ chunks/s, [\d.]+ docs/s", frames[-1]), frames[-1]

@@ -38,8 +38,9 @@ def test_valid_record_carries_its_tags(tmp_path, make_record):
         ({"labels": ["x" * 257]}, "longer than 256"),
         ({"classification": "secret"}, "unknown classification 'secret'"),
         ({"classification": None}, "no classification"),
-        ({"tenant": None}, "tenant None is not a string"),
-        ({"id": None}, "id None must be printable"),
+        ({"tenant": None}, "no tenant"),
+        ({"id": None}, "no id; every source needs an id"),
+        ({"id": 7}, "id 7 must be printable"),
         ({"text": 42}, "text must be a string"),
         ({"acls": {"allow": ["user:a"]}}, "unknown fields ['acls']"),
     ],
@@ -51,6 +52,16 @@ def test_bad_record_is_rejected_naming_line_and_reason(tmp_path, make_record, ov
     assert isinstance(bad, Rejected)
     assert bad.source.startswith(f"{path}:2")
     assert reason in bad.reason
+
+
+def test_every_problem_of_a_record_is_reported_at_once(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", {"text": "x", "labels": ["pii\n"], "acl": {"allow": ["alice"]},
+                                                  "metadata": [1], "vector": [0.0]})  # fmt: skip
+    (bad,) = read_jsonl(path)
+    assert isinstance(bad, Rejected)
+    for said in ("no id", "no tenant", "no classification", "metadata must be an object", "a vector needs model",
+                 "'alice' is not of the form", "non-printable"):  # fmt: skip
+        assert said in bad.reason, bad.reason
 
 
 def test_invalid_utf8_line_is_rejected_with_its_byte_offset(tmp_path, make_record):

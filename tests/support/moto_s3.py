@@ -62,4 +62,9 @@ class MotoS3:
         return sorted(item["Key"] for page in pages for item in page.get("Contents", ()))
 
     def body(self, bucket: str, key: str) -> bytes:
-        return bytes(self._client().get_object(Bucket=bucket, Key=key)["Body"].read())
+        """The object's bytes; none (b"") for a key deleted since it was listed (a purge at work)."""
+        client = self._client()
+        try:
+            return bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except client.exceptions.NoSuchKey:
+            return b""
