@@ -39,6 +39,9 @@ from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.policy_in_force import PolicyInForce
 from .governance.provisioned import ProvisionedPolicy
+from .governance.tags import Classification
+from .governance.trends import Trends, trends
+from .governance.trends import since as trend_start
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
@@ -46,7 +49,7 @@ from .retrieval.collapse import Collapse
 from .retrieval.hits import Hit
 from .retrieval.narrowing import Narrowing, narrowing
 from .retrieval.resident import resident_bytes
-from .retrieval.review import AccessReview, Vocabulary, access_review, inventory, vocabulary
+from .retrieval.review import AccessReview, Readers, Vocabulary, access_review, inventory, readers, vocabulary
 from .retrieval.search import Searcher, SearchResult, require_reader
 from .retrieval.serving import ServingStatus, store_artifact
 from .state import DirectoryRow, DirectoryTable, Store
@@ -54,6 +57,7 @@ from .state import DirectoryRow, DirectoryTable, Store
 PathLike = str | Path
 T = TypeVar("T")
 __all__ = ["ANY_TENANT", "OPERATOR", "Warehouse", "open"]
+MAX_TREND_DAYS = 366
 log = logging.getLogger(__name__)
 
 
@@ -680,6 +684,41 @@ class Warehouse:
             lambda found: {"reason": f"inventory of label {label!r}: {len(found)} sources", "doc_ids": tuple(found)},
         )
 
+    def readers(
+        self, *, caller: str | Caller, doc_id: str | None = None, label: str | None = None, tenant: str | None = None
+    ) -> Readers:
+        """Who can read document ``doc_id`` (and what derives from it) or the rows carrying
+        ``label``, in the caller's tenant, and through which path (``retrieval.review.readers``);
+        needs ``audit``."""
+        who = _asker(caller, None, tenant, None)
+
+        def review(permission: Permission) -> Readers:
+            assert permission.policy is not None  # the gate refuses a review without a policy
+            return readers(self.store, permission.policy, who.tenant, doc_id=doc_id, label=label)
+
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.AUDIT,
+            review,
+            lambda found: {"reason": f"who can read {found.item}: {len(found.subjects)} subjects, {len(found.groups)} groups",
+                           "doc_ids": _asked(doc_id) if doc_id else ()},
+        )  # fmt: skip
+
+    def trends(self, *, caller: str | Caller, days: int = 30, tenant: str | None = None) -> Trends:
+        """The caller's tenant's last ``days`` days from its receipts: searches and refusals a day,
+        labels returned, documents returned most (``governance.trends``); needs ``audit``."""
+        if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MAX_TREND_DAYS:
+            raise InvalidRequestError(f"days must be 1 to {MAX_TREND_DAYS}, got {days!r}")
+        who = _asker(caller, None, tenant, None)
+        return self._gate.run(
+            Operation.AUDIT,
+            who,
+            Need.AUDIT,
+            lambda _: trends(self.audit.query(tenant=who.tenant, since=trend_start(days)), tenant=who.tenant, days=days),
+            lambda found: {"reason": f"trends of {days} days: {sum(found.searches)} searches, {sum(found.refusals)} refusals"},
+        )
+
     def vocabulary(self, *, caller: str | Caller, tenant: str | None = None) -> Vocabulary:
         """The labels, subjects and documents of the caller's tenant, for filtering its receipts
         (``retrieval.review.vocabulary``); needs ``audit``."""
@@ -756,9 +795,12 @@ class Warehouse:
         touched = {*chunk_ids, *derived, *erased}
         found = {r.receipt_id: r for r in self.audit.query(any_chunk_ids=touched, tenant=scope)}
         found.update((r.receipt_id, r) for r in self.audit.query(doc_id=item_id, tenant=scope))
+        tagged = self.store.rows([*chunk_ids, *derived], ["chunk_id", "labels", "classification"])
         return {
             "source": None if source is None else {"doc_id": source.doc_id, "tenant": source.tenant, "version": source.doc_version},
             "chunks": chunk_ids,
+            "tags": {i: {"labels": sorted(r["labels"]), "classification": Classification(r["classification"]).label}
+                     for i, r in sorted(tagged.items())},  # fmt: skip
             "derived": [{"chunk_id": i, "kind": r["kind"], "parents": r["parents"]} for i, r in sorted(derived.items())],
             "receipts": [
                 _lineage_receipt(r, touched)

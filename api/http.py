@@ -46,6 +46,7 @@ from .http_models import (
     ManifestModel,
     PolicyRequest,
     PolicyResponse,
+    ReadersModel,
     Readiness,
     ReceiptModel,
     SearchRequest,
@@ -53,6 +54,7 @@ from .http_models import (
     ServingIndexModel,
     SyncRequest,
     SyncResponse,
+    TrendsModel,
     VocabularyModel,
 )
 from .limits import BodyLimit
@@ -257,6 +259,22 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         """Every row carrying ``label`` in the caller's tenant, grouped by source document (needs ``audit``)."""
         found = warehouse.inventory(label=label, caller=identity)
         return InventoryModel(label=label, tenant=identity.tenant, sources=found)
+
+    @app.get("/v1/audit/readers", response_model=ReadersModel, tags=["audit"])
+    def who_can_read(
+        identity: Verified,
+        doc_id: Annotated[str | None, Query(max_length=MAX_ID_CHARS, description="A document.")] = None,
+        label: Annotated[str | None, Query(max_length=256, description="Or a label.")] = None,
+    ) -> ReadersModel:
+        """Who can read a document (and what derives from it) or the rows carrying a label, in the
+        caller's tenant: each user, service and group, its rows, and its path (needs ``audit``)."""
+        return ReadersModel.model_validate(warehouse.readers(caller=identity, doc_id=doc_id, label=label).as_dict())
+
+    @app.get("/v1/audit/trends", response_model=TrendsModel, tags=["audit"])
+    def audit_trends(identity: Verified, days: Annotated[int, Query(ge=1, le=366)] = 30) -> TrendsModel:
+        """The caller's tenant's last ``days`` days from its receipts: searches and refusals a day,
+        labels returned, the documents returned most (needs ``audit``)."""
+        return TrendsModel.model_validate(warehouse.trends(caller=identity, days=days).as_dict())
 
     @app.get("/v1/audit/vocabulary", response_model=VocabularyModel, tags=["audit"])
     def vocabulary(identity: Verified) -> VocabularyModel:

@@ -261,9 +261,15 @@ class LineageSourceModel(BaseModel):
     version: str
 
 
+class LineageTagsModel(BaseModel):
+    labels: list[str]
+    classification: str
+
+
 class LineageModel(BaseModel):
     source: LineageSourceModel | None
     chunks: list[str]
+    tags: dict[str, LineageTagsModel] = Field(description="each chunk's and derived row's labels and classification, now")
     derived: list[LineageDerivedModel]
     receipts: list[LineageReceiptModel]
     tombstones: list[LineageTombstoneModel]
@@ -368,3 +374,32 @@ class VocabularyModel(BaseModel):
     labels: list[str]
     subjects: list[str]
     documents: list[str]
+
+
+class ReaderModel(BaseModel):
+    principal: str
+    rows: int
+    path: str
+
+
+class ReadersModel(BaseModel):
+    """Who can read a document (and what derives from it) or a label's rows, and how."""
+
+    tenant: str
+    item: str
+    rows: int
+    policy_version: str
+    subjects: list[ReaderModel]
+    groups: list[ReaderModel]
+
+
+class TrendsModel(BaseModel):
+    """A tenant's last days from its receipts, oldest first."""
+
+    tenant: str
+    days: list[str]
+    searches: list[int]
+    refusals: list[int]
+    labels: dict[str, int]
+    label_days: dict[str, list[int]]
+    top_documents: dict[str, int]

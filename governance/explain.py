@@ -52,7 +52,7 @@ def not_visible(chunk_id: str, subject: str, tenant: str) -> Explanation:
     return Explanation(chunk_id=chunk_id, subject=subject, tenant=tenant, allowed=False, reason="not visible")
 
 
-def _path(policy: Policy, subject: str, principal: str, tenant: str) -> str:
+def membership_chain(policy: Policy, subject: str, principal: str, tenant: str) -> str:
     """The membership chain, each step naming where it comes from (a policy line, the token)."""
     path = policy.membership_path(subject, principal, tenant)
     if not path:
@@ -79,7 +79,7 @@ def explain_row(
         members = clauses.get(token)
         held = sorted(p for p in members or () if policy.holds(subject, p, tenant))
         detail = (
-            f"allowed {', '.join(sorted(members))}; matched through {_path(policy, subject, held[0], tenant)}"
+            f"allowed {', '.join(sorted(members))}; matched through {membership_chain(policy, subject, held[0], tenant)}"
             if held
             else f"allowed {', '.join(sorted(members or ['?']))}; the subject holds none of them"
         )
@@ -89,7 +89,7 @@ def explain_row(
         Step(
             check="acl deny",
             passed=not denied,
-            detail=f"denied to {denied[0]} through {_path(policy, subject, denied[0], tenant)}" if denied else "no deny applies",
+            detail=f"denied to {denied[0]} through {membership_chain(policy, subject, denied[0], tenant)}" if denied else "no deny applies",
         )
     )
     for label in row["labels"]:

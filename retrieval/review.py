@@ -9,9 +9,11 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..governance.compiler import SubjectView
+from ..governance.explain import membership_chain
 from ..governance.policy import Policy
 from ..governance.sql import sql_list, sql_string
-from ..governance.tags import Classification, label_problem
+from ..governance.tags import EVERYONE, Classification, label_problem
+from ..governance.visibility import check_row
 from ..state import Store
 from .search import Searcher
 
@@ -115,3 +117,72 @@ def vocabulary(store: Store, policy: Policy | None, tenant: str) -> Vocabulary:
     subjects = sorted({p for t, p in named if t == tenant and p.startswith(("user:", "service:"))})
     return Vocabulary(tenant=tenant, labels=tuple(labels[:VOCABULARY_MAX]), subjects=tuple(subjects[:VOCABULARY_MAX]),
                       documents=tuple(documents[:VOCABULARY_MAX]))  # fmt: skip
+
+
+READERS_MAX_ROWS = 1000
+"""The most rows of one item (a document's chunks and derived rows, or a label's) a reverse review weighs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reader:
+    """One principal who can read some of an item's rows: how many, and through which path (the
+    membership chain to the ACL principal that admitted it, each link naming its origin)."""
+
+    principal: str
+    rows: int
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Readers:
+    """Who can read an item in one tenant: the users and services the policy names, and the
+    groups (as a member holding that group alone), each with the rows it can read of ``rows``."""
+
+    tenant: str
+    item: str
+    rows: int
+    policy_version: str
+    subjects: tuple[Reader, ...]
+    groups: tuple[Reader, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "subjects": [r.__dict__ for r in self.subjects], "groups": [r.__dict__ for r in self.groups]}
+
+
+def readers(store: Store, policy: Policy, tenant: str, *, doc_id: str | None = None, label: str | None = None) -> Readers:
+    """Who can read document ``doc_id`` (its chunks and every row derived from them) or the rows
+    carrying ``label``, in ``tenant``: each principal the policy names there, decided row by row
+    by the enforcer (``visibility.check_row``), as a search would."""
+    if (doc_id is None) == (label is None):
+        raise InvalidRequestError("ask who can read a document (doc_id) or a label (label), one of them")
+    if label is not None:
+        problem = label_problem(label)
+        if problem:
+            raise InvalidRequestError(problem)
+        rows = store.rows_where(f"tenant = {sql_string(tenant)} AND array_has_any(labels, {sql_list([label])})", _REVIEW_COLUMNS)
+    else:
+        chunk_ids = store.chunk_ids_of(str(doc_id), tenant)
+        found = store.rows(chunk_ids, _REVIEW_COLUMNS)
+        if chunk_ids:
+            found.update(store.derived_from(chunk_ids))
+        rows = [row for row in found.values() if row["tenant"] == tenant]
+    rows = sorted(rows, key=lambda row: row["chunk_id"])[:READERS_MAX_ROWS]
+    clauses = store.clause_registry()
+    named = sorted({principal for t, principal in policy.named() if t == tenant} | {EVERYONE})
+
+    def reader(principal: str) -> Reader | None:
+        readable = [row for row in rows if check_row(policy, principal, tenant, row, clauses).allowed]
+        if not readable:
+            return None
+        held = sorted(p for p in readable[0]["acl_allow"] if policy.holds(principal, p, tenant))
+        return Reader(principal=principal, rows=len(readable), path=membership_chain(policy, principal, held[0], tenant))
+
+    found_readers = [r for r in map(reader, named) if r is not None]
+    return Readers(
+        tenant=tenant,
+        item=f"label {label}" if label is not None else str(doc_id),
+        rows=len(rows),
+        policy_version=policy.version,
+        subjects=tuple(r for r in found_readers if r.principal.startswith(("user:", "service:"))),
+        groups=tuple(r for r in found_readers if not r.principal.startswith(("user:", "service:"))),
+    )

@@ -10,7 +10,8 @@ const RECEIPTS_PAGE = 50;
 const EXPORT_PAGE = 1000; // the most receipts the API gives per request
 const VERIFIED_KEY = "ragwarden.verified"; // the last chain verification, kept for the session
 const OPERATIONS = ["search", "get", "ingest", "derive", "sync", "forget", "explain", "audit", "admin", "provision"];
-const PAGES = { search: searchPage, lineage: lineagePage, receipts: receiptsPage, review: reviewPage, inventory: inventoryPage };
+const PAGES = { search: searchPage, lineage: lineagePage, receipts: receiptsPage, review: reviewPage, inventory: inventoryPage,
+  readers: readersPage, compare: comparePage, trends: trendsPage };
 
 let identity = null; // {subject, tenant, actor, method} from /v1/whoami
 
@@ -235,52 +236,75 @@ function hitCard(hit) {
     explanation);
 }
 
+const LINEAGE_RECEIPTS = 20; // receipt nodes drawn at once; the rest a page away
+
 async function lineagePage(view, params) {
   const item = el("input", { id: "item", name: "id", value: params.get("id") || "", required: true, size: 40, placeholder: "a document, chunk or derived row id" });
   view.append(el("h2", {}, "Lineage"),
     toolbar("lineage-form", [field("Document or row", item)], "Show lineage", "lineage", () => ({ id: item.value })));
   if (!params.get("id")) return;
   const lineage = await api(`lineage/${encodeURIComponent(params.get("id"))}`);
+  const newest = [...lineage.receipts].reverse();
+  const offset = Math.min(Math.max(0, Number(params.get("offset") || 0)), Math.max(0, newest.length - 1));
+  const shown = newest.slice(offset, offset + LINEAGE_RECEIPTS);
+  const link = (to, text, id) => el("a", { id, href: `#/lineage?${new URLSearchParams({ id: params.get("id"), offset: String(to) })}` }, text);
   view.append(
     el("p", { id: "lineage-summary" }, lineage.source ? `Source ${lineage.source.doc_id} (version ${lineage.source.version.slice(0, 12)}) · ` : "",
-      `${lineage.chunks.length} chunks · ${lineage.derived.length} derived rows · ${lineage.receipts.length} receipts`),
-    lineageGraph(lineage),
+      `${lineage.chunks.length} chunks · ${lineage.derived.length} derived rows · ${lineage.receipts.length} receipts` +
+      (lineage.tombstones.length ? ` · erased ${lineage.tombstones.length} time(s)` : "")),
+    el("p", { id: "lineage-receipts-pager", class: "pager" },
+      shown.length ? `Receipts ${offset + 1}–${offset + shown.length} of ${newest.length}, newest first` : "No receipts",
+      offset > 0 ? [" · ", link(Math.max(0, offset - LINEAGE_RECEIPTS), "newer", "lineage-newer")] : "",
+      offset + shown.length < newest.length ? [" · ", link(offset + LINEAGE_RECEIPTS, "older", "lineage-older")] : ""),
+    lineageGraph(lineage, shown),
     ...lineage.tombstones.map((t) => el("p", { class: "tombstone" },
       `Erased ${localInput(t.time).replace("T", " ")} by ${t.subject}${t.actor ? ` (agent ${t.actor})` : ""}: ${t.reason} · `,
       `${t.erased.chunks.length} chunks, ${t.erased.derived.length} derived rows · ${Object.values(t.versions_left).join("/")} version(s) left after the purge`)));
 }
 
-// Four columns, left to right: source -> chunks -> derived rows -> receipts; an edge where a receipt returned a row.
-function lineageGraph(lineage) {
+// Columns, left to right: source -> chunks -> derived rows -> receipts (this page of them) -> erasures;
+// an edge where a row derives from another, where a receipt returned a row, and to each erasure.
+// Rows are annotated with their classification and labels; receipts with when, who and why.
+function lineageGraph(lineage, receipts) {
+  const tags = (id) => lineage.tags[id] || { labels: [], classification: "erased" };
+  const rowNode = (id, kind, text) => ({ id, kind: `${kind} ${tags(id).classification}`, text: `${text} · ${tags(id).classification}`,
+    title: `${kind} ${id}: ${tags(id).classification}; labels ${tags(id).labels.join(", ") || "none"}` });
+  const when = (iso) => localInput(iso).replace("T", " ").slice(5, 16);
   const columns = [
-    lineage.source ? [{ id: lineage.source.doc_id, kind: "source", text: lineage.source.doc_id, title: `source ${lineage.source.doc_id}` }] : [],
-    lineage.chunks.map((id) => ({ id, kind: "chunk", text: id.slice(0, 16), title: `chunk ${id}` })),
-    lineage.derived.map((d) => ({ id: d.chunk_id, kind: "derived", text: `${d.kind} ${d.chunk_id.slice(0, 10)}`, title: `${d.kind} ${d.chunk_id}` })),
-    lineage.receipts.map((r) => ({ id: `receipt-${r.seq}`, kind: "receipt", text: `#${r.seq} ${r.outcome} · ${r.subject}`,
-      title: `receipt ${r.seq}: ${r.operation} (${r.outcome}) by ${r.subject}${r.actor ? ` for agent ${r.actor}` : ""} at ${r.time}` })),
+    ["Source", lineage.source ? [{ id: lineage.source.doc_id, kind: "source", text: lineage.source.doc_id, title: `source ${lineage.source.doc_id}` }] : []],
+    ["Chunks", lineage.chunks.map((id) => rowNode(id, "chunk", id.slice(0, 12)))],
+    ["Derived", lineage.derived.map((d) => rowNode(d.chunk_id, "derived", `${d.kind} ${d.chunk_id.slice(0, 8)}`))],
+    ["Receipts", receipts.map((r) => ({ id: `receipt-${r.chain}-${r.seq}`, kind: `receipt ${r.allowed ? "allowed" : "refused"}`,
+      text: `${when(r.time)} ${r.outcome} · ${r.subject}${r.purpose ? ` · ${r.purpose}` : ""}`,
+      title: `receipt ${r.seq}: ${r.operation} (${r.outcome}) by ${r.subject}${r.actor ? ` for agent ${r.actor}` : ""} at ${r.time}` +
+        `${r.purpose ? `, purpose: ${r.purpose}` : ""}` }))],
   ];
-  const width = 230, gap = 60, rowHeight = 44, boxHeight = 30, top = 30;
+  if (lineage.tombstones.length) {
+    columns.push(["Erased", lineage.tombstones.map((t) => ({ id: `tombstone-${t.chain}-${t.seq}`, kind: "tombstone",
+      text: `${when(t.time)} by ${t.subject}`, title: `erased at ${t.time} by ${t.subject}: ${t.reason}` }))]);
+  }
+  const width = 230, gap = 50, rowHeight = 44, boxHeight = 30, top = 30;
   const place = new Map();
-  columns.forEach((nodes, c) => nodes.forEach((node, r) => place.set(node.id, { x: 10 + c * (width + gap), y: top + r * rowHeight, node })));
+  columns.forEach(([, nodes], c) => nodes.forEach((node, r) => place.set(node.id, { x: 10 + c * (width + gap), y: top + r * rowHeight, node })));
   const edges = [];
   if (lineage.source) for (const id of lineage.chunks) edges.push([lineage.source.doc_id, id]);
   for (const d of lineage.derived) for (const parent of d.parents) edges.push([parent, d.chunk_id]);
-  for (const r of lineage.receipts) for (const id of r.returned) edges.push([id, `receipt-${r.seq}`]);
-  const rows = Math.max(1, ...columns.map((nodes) => nodes.length));
-  const graph = svg("svg", { id: "lineage-graph", width: 4 * width + 3 * gap + 20, height: top + rows * rowHeight + 10, role: "img",
+  for (const r of receipts) for (const id of r.returned) edges.push([id, `receipt-${r.chain}-${r.seq}`]);
+  for (const t of lineage.tombstones) if (lineage.source) edges.push([lineage.source.doc_id, `tombstone-${t.chain}-${t.seq}`]);
+  const rows = Math.max(1, ...columns.map(([, nodes]) => nodes.length));
+  const graph = svg("svg", { id: "lineage-graph", width: columns.length * (width + gap) + 10, height: top + rows * rowHeight + 10, role: "img",
     "aria-label": "lineage graph" });
-  ["Source", "Chunks", "Derived", "Receipts"].forEach((title, c) =>
-    graph.append(svg("text", { x: 10 + c * (width + gap), y: 16, class: "column-title" }, title)));
+  columns.forEach(([title], c) => graph.append(svg("text", { x: 10 + c * (width + gap), y: 16, class: "column-title" }, title)));
   for (const [from, to] of edges) {
     const a = place.get(from), b = place.get(to);
-    if (!a || !b) continue; // a parent outside this lineage (another document's chunk)
+    if (!a || !b) continue; // a parent outside this lineage (another document's chunk), or a receipt on another page
     graph.append(svg("line", { class: "edge", "data-from": from, "data-to": to, x1: a.x + width, y1: a.y + boxHeight / 2, x2: b.x, y2: b.y + boxHeight / 2 }));
   }
   for (const { x, y, node } of place.values()) {
     graph.append(svg("g", { class: `node ${node.kind}`, "data-id": node.id, transform: `translate(${x},${y})` },
       svg("title", {}, node.title),
       svg("rect", { width, height: boxHeight, rx: 6 }),
-      svg("text", { x: 8, y: 19 }, node.text.length > 32 ? `${node.text.slice(0, 31)}…` : node.text)));
+      svg("text", { x: 8, y: 19 }, node.text.length > 31 ? `${node.text.slice(0, 30)}…` : node.text)));
   }
   return el("div", { class: "graph" }, graph);
 }
@@ -451,6 +475,96 @@ async function inventoryPage(view, params) {
     ? table(["source", "rows", "row ids"], sources.map(([doc, rows]) => [
       el("a", { href: `#/lineage?id=${encodeURIComponent(doc)}` }, doc), String(rows.length), rows.join(" ")]), { id: "inventory" })
     : el("p", { id: "inventory", class: "empty" }, `No rows carry ${found.label} in ${found.tenant}.`));
+}
+
+// The tenant's last days, from its receipts, drawn inline (no charting library, no CDN).
+async function trendsPage(view, params) {
+  const days = el("select", { id: "trends-days" }, [7, 30, 90, 365].map((d) =>
+    el("option", { value: d, selected: String(d) === (params.get("days") || "30") }, `${d} days`)));
+  view.append(el("h2", {}, "Trends"), toolbar("trends-form", [field("Over the last", days)], "Show", "trends", () => ({ days: days.value })));
+  const found = await api("audit/trends", { params: { days: params.get("days") || "30" } });
+  const total = (values) => values.reduce((a, b) => a + b, 0);
+  view.append(
+    el("p", { id: "trends-summary" }, `${total(found.searches)} searches and ${total(found.refusals)} refusals in ${found.tenant} ` +
+      `from ${found.days[0]} to ${found.days[found.days.length - 1]} (UTC days)`),
+    el("h3", {}, "Searches and refusals a day"),
+    dayChart("trends-activity", found.days, [["searches", found.searches], ["refusals", found.refusals]]),
+    el("h3", {}, "Labels returned a day (the most returned)"),
+    dayChart("trends-labels", found.days, Object.entries(found.label_days)),
+    el("div", { class: "columns" },
+      el("section", {}, el("h3", {}, "Labels returned"), Object.keys(found.labels).length
+        ? table(["label", "times returned"], Object.entries(found.labels).map(([l, n]) => [chips([l]), String(n)]), { id: "trends-label-totals" })
+        : el("p", { id: "trends-label-totals", class: "empty" }, "none")),
+      el("section", {}, el("h3", {}, "Documents returned most"), Object.keys(found.top_documents).length
+        ? table(["document", "answers"], Object.entries(found.top_documents).map(([doc, n]) =>
+          [el("a", { href: `#/lineage?id=${encodeURIComponent(doc)}` }, doc), String(n)]), { id: "trends-documents" })
+        : el("p", { id: "trends-documents", class: "empty" }, "none"))));
+}
+
+// Bars a day for each series, side by side, with each bar's day and value in its title.
+function dayChart(id, days, series) {
+  const width = 960, height = 180, left = 40, bottom = 24, top = 10;
+  const most = Math.max(1, ...series.flatMap(([, values]) => values));
+  const slot = (width - left) / days.length, bar = Math.max(1, (slot - 2) / Math.max(1, series.length));
+  const chart = svg("svg", { id, class: "chart", width, height: height + 10 + 20 * Math.ceil(series.length / 4), role: "img",
+    "aria-label": series.map(([name]) => name).join(", ") });
+  chart.append(svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, class: "axis" }),
+    svg("text", { x: left - 6, y: top + 10, class: "tick", "text-anchor": "end" }, String(most)),
+    svg("text", { x: left - 6, y: height - bottom, class: "tick", "text-anchor": "end" }, "0"));
+  series.forEach(([name, values], s) => {
+    values.forEach((value, d) => {
+      const h = (height - bottom - top) * value / most;
+      chart.append(svg("rect", { x: left + d * slot + 1 + s * bar, y: height - bottom - h, width: bar, height: h,
+        class: `bar series-${s}`, "data-series": name, "data-day": days[d], "data-value": value },
+      svg("title", {}, `${days[d]}: ${value} ${name}`)));
+    });
+    const legend = s % 4, row = Math.floor(s / 4);
+    chart.append(svg("rect", { x: left + legend * 220, y: height + 4 + row * 20, width: 10, height: 10, class: `bar series-${s}` }),
+      svg("text", { x: left + legend * 220 + 14, y: height + 13 + row * 20, class: "legend" }, name));
+  });
+  [0, days.length - 1].forEach((d) => chart.append(svg("text", { x: left + d * slot, y: height - 6, class: "tick" }, days[d])));
+  return el("div", { class: "graph" }, chart);
+}
+
+// Who can read a document (and what derives from it) or a label's rows, and through which path.
+async function readersPage(view, params) {
+  const vocabulary = await api("audit/vocabulary");
+  const doc = el("input", { id: "readers-document", value: params.get("doc_id") || "", list: "known-documents", placeholder: "document id" });
+  const label = el("input", { id: "readers-label", value: params.get("label") || "", list: "known-labels", placeholder: "or a label" });
+  view.append(el("h2", {}, "Who can read this?"), datalist("known-documents", vocabulary.documents), datalist("known-labels", vocabulary.labels),
+    toolbar("readers-form", [field("Document", doc), field("Label", label)], "Who can read", "readers",
+      () => (doc.value ? { doc_id: doc.value } : { label: label.value })));
+  if (!params.get("doc_id") && !params.get("label")) return;
+  const found = await api("audit/readers", { params: { doc_id: params.get("doc_id"), label: params.get("label") } });
+  const rows = (readers) => readers.map((r) => [r.principal, String(r.rows), r.path]);
+  view.append(
+    el("p", { id: "readers-summary" }, `${found.subjects.length} users and services and ${found.groups.length} groups can read ` +
+      `${found.item} in ${found.tenant} (${found.rows} rows; policy ${found.policy_version.slice(0, 12)})`),
+    el("h3", {}, "Users and services"),
+    found.subjects.length ? table(["who", "rows", "through"], rows(found.subjects), { id: "readers-subjects" }) : el("p", { id: "readers-subjects", class: "empty" }, "none"),
+    el("h3", {}, "Groups (a member holding that group alone)"),
+    found.groups.length ? table(["group", "rows", "through"], rows(found.groups), { id: "readers-groups" }) : el("p", { id: "readers-groups", class: "empty" }, "none"));
+}
+
+// Two subjects' access side by side, what differs marked.
+async function comparePage(view, params) {
+  const a = el("input", { id: "compare-a", value: params.get("a") || identity.subject, size: 24 });
+  const b = el("input", { id: "compare-b", value: params.get("b") || "", size: 24, required: true, placeholder: "user:dave" });
+  view.append(el("h2", {}, "Compare two subjects"),
+    toolbar("compare-form", [field("Subject", a), field("with", b)], "Compare", "compare", () => ({ a: a.value, b: b.value })));
+  if (!params.get("b")) return;
+  const [left, right] = await Promise.all([params.get("a") || identity.subject, params.get("b")].map((subject) =>
+    api("audit/access-review", { params: { subject } })));
+  view.append(el("p", { id: "compare-summary" }, `${left.subject} can read ${left.rows} rows, ${right.subject} ${right.rows}, in ${left.tenant}`));
+  for (const [by, title] of [["by_source", "By source"], ["by_label", "By label"], ["by_classification", "By classification"]]) {
+    const names = [...new Set([...Object.keys(left[by]), ...Object.keys(right[by])])].sort();
+    const body = names.map((name) => {
+      const [x, y] = [left[by][name] || 0, right[by][name] || 0];
+      return el("tr", { class: x === y ? "same" : "differs" }, el("td", {}, name), el("td", {}, String(x)), el("td", {}, String(y)));
+    });
+    view.append(el("h3", {}, title), el("table", { id: `compare-${by.replace("_", "-")}` },
+      el("thead", {}, el("tr", {}, el("th", {}, by.slice(3)), el("th", {}, left.subject), el("th", {}, right.subject))), el("tbody", {}, body)));
+  }
 }
 
 // ------------------------------------------------------------------ start

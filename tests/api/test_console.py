@@ -173,13 +173,41 @@ def test_a_documents_lineage_is_drawn_from_source_to_chunks_derived_rows_and_rec
         return sorted(n.get_attribute("data-id") for n in graph.locator(f"g.node.{kind}").all())
 
     assert nodes("source") == ["acme-budget"] and nodes("chunk") == [chunk] and nodes("derived") == [note.chunk_id]
-    assert nodes("receipt") == sorted(f"receipt-{r['seq']}" for r in lineage["receipts"]) and lineage["receipts"]
+    assert nodes("receipt") == sorted(f"receipt-{r['chain']}-{r['seq']}" for r in lineage["receipts"]) and lineage["receipts"]
     edges = {(e.get_attribute("data-from"), e.get_attribute("data-to")) for e in graph.locator("line.edge").all()}
     search = next(r for r in lineage["receipts"] if r["operation"] == "search")
-    assert {("acme-budget", chunk), (chunk, note.chunk_id), (chunk, f"receipt-{search['seq']}"),
-            (note.chunk_id, f"receipt-{search['seq']}")} <= edges  # fmt: skip
+    returned = f"receipt-{search['chain']}-{search['seq']}"
+    assert {("acme-budget", chunk), (chunk, note.chunk_id), (chunk, returned), (note.chunk_id, returned)} <= edges
     assert "1 chunks · 1 derived rows" in console.page.locator("#lineage-summary").inner_text()
+    for row in (chunk, note.chunk_id):  # each row with its classification and labels
+        node = graph.locator(f"g.node[data-id='{row}']")
+        assert "confidential" in node.get_attribute("class") and node.locator("text").text_content().endswith("· confidential")
+        assert "labels finance" in node.locator("title").text_content()
+    told = graph.locator(f"g.node[data-id='{returned}'] title").text_content()
+    assert "by user:alice" in told and search["time"] in told
     console.shot("04-lineage")
+
+
+def test_a_lineage_with_many_receipts_pages_them_and_shows_its_erasures(
+    console_at: Callable[[str], Console], serve, small_warehouse: Warehouse, mint
+) -> None:
+    for n in range(23):
+        small_warehouse.search("budget review Thursday", subject="user:alice", tenant="acme", k=1, purpose=f"weekly {n}")
+    small_warehouse.forget("acme-memo", reason="retention ended")
+    console = console_at(serve(small_warehouse))
+    console.sign_in(mint("carol"))
+    console.open("#/lineage?id=acme-budget")
+    total = len(small_warehouse.lineage("acme-budget", tenant="acme")["receipts"])
+    assert console.page.locator("#lineage-receipts-pager").inner_text().startswith(f"Receipts 1–20 of {total}")
+    newest = console.page.locator("#lineage-graph g.node.receipt title").first.text_content()
+    assert newest.endswith("purpose: weekly 22"), newest
+    assert console.page.locator("#lineage-graph g.node.receipt").count() == 20
+    console.settled(lambda: console.page.click("#lineage-older"))
+    assert console.page.locator("#lineage-graph g.node.receipt").count() == total - 20
+    console.open("#/lineage?id=acme-memo")
+    erased = console.page.locator("#lineage-graph g.node.tombstone")
+    assert erased.count() == 1 and "retention ended" in erased.locator("title").text_content()
+    console.shot("04b-lineage-erased")
 
 
 def test_receipts_show_the_chain_status_and_filter_by_subject_label_document_and_time(console: Console, mint) -> None:
@@ -271,6 +299,49 @@ def test_receipts_reviews_and_inventories_export_as_csv_and_json(console: Consol
     console.open("#/inventory?label=legal-hold")
     inventory = list(csv.reader(io.StringIO(downloaded("#export-inventory-csv"))))
     assert inventory[0] == ["label", "source", "row"] and {row[1] for row in inventory[1:]} >= {LEGAL_DOC}
+
+
+def test_who_can_read_a_document_and_two_subjects_side_by_side(console: Console, mint, demo_warehouse: Warehouse) -> None:
+    console.sign_in(mint("carol"))
+    console.open("#/readers")
+    console.submit("readers-form", readers_document=LEGAL_DOC)
+    found = demo_warehouse.readers(caller="user:carol", tenant="acme", doc_id=LEGAL_DOC)
+    assert console.texts("#readers-subjects td:nth-child(1)") == [r.principal for r in found.subjects]
+    assert console.texts("#readers-subjects td:nth-child(3)") == [r.path for r in found.subjects]
+    assert "user:bob" not in console.texts("#readers-subjects td:nth-child(1)"), "bob is walled off from the Ruiz matter"
+    assert console.texts("#readers-groups td:nth-child(1)") == [r.principal for r in found.groups]
+    console.shot("08-who-can-read")
+    console.open("#/compare")
+    console.submit("compare-form", compare_a="user:alice", compare_b="user:dave")
+    alice = demo_warehouse.access_review(subject="user:alice", tenant="acme", caller="user:carol")
+    dave = demo_warehouse.access_review(subject="user:dave", tenant="acme", caller="user:carol")
+    rows = console.page.locator("#compare-by-source tbody tr")
+    shown = {row.locator("td").nth(0).inner_text(): (row.locator("td").nth(1).inner_text(), row.locator("td").nth(2).inner_text(),
+                                                       row.get_attribute("class")) for row in rows.all()}  # fmt: skip
+    for source in set(alice.by_source) | set(dave.by_source):
+        x, y = alice.by_source.get(source, 0), dave.by_source.get(source, 0)
+        assert shown[source] == (str(x), str(y), "same" if x == y else "differs"), source
+    console.shot("09-compare")
+
+
+def test_trends_draw_the_receipts_days_labels_and_documents(console: Console, mint, demo_warehouse: Warehouse) -> None:
+    for _ in range(2):
+        demo_warehouse.search(LEGAL_QUERY, subject="user:carol", tenant="acme", k=3)
+    console.sign_in(mint("carol"))
+    console.open("#/trends?days=7")
+    found = demo_warehouse.trends(caller="user:carol", tenant="acme", days=7)
+
+    def drawn(chart: str, series: str) -> list[int]:
+        bars = console.page.locator(f"#{chart} rect.bar[data-series='{series}'][data-day]")
+        return [int(bar.get_attribute("data-value")) for bar in bars.all()]
+
+    searches = drawn("trends-activity", "searches")
+    assert len(searches) == 7 and searches[:-1] == list(found.searches[:-1]) and searches[-1] >= found.searches[-1] - 1
+    assert drawn("trends-activity", "refusals")[:-1] == list(found.refusals[:-1])
+    assert "legal-hold" in found.label_days and len(drawn("trends-labels", "legal-hold")) == 7
+    assert console.texts("#trends-documents td:nth-child(1)")[0] in found.top_documents
+    assert console.page.locator("#nav a[data-page=trends]").is_visible()
+    console.shot("10-trends")
 
 
 def test_access_review_and_inventory_agree_with_the_warehouse(console: Console, mint, demo_warehouse: Warehouse) -> None:

@@ -51,3 +51,29 @@ def test_a_malformed_subject_or_label_is_refused_naming_it(demo_warehouse, bad):
         demo_warehouse.access_review(subject=bad, tenant="acme", caller="user:carol")
     with pytest.raises(InvalidRequestError, match="label"):
         demo_warehouse.inventory(label=bad.removeprefix("user:") if bad else bad, tenant="acme", caller="user:carol")
+
+
+@pytest.mark.parametrize("doc_id", ["acme-legal-001", "acme-hr-001", "acme-pub-001"])
+def test_who_can_read_a_document_agrees_with_each_subjects_own_access_review(demo_warehouse, doc_id):
+    """Every user the policy names is listed exactly when its own review counts rows of the
+    document, with that many rows; the path names the ACL principal that admitted it."""
+    found = demo_warehouse.readers(caller="user:carol", tenant="acme", doc_id=doc_id)
+    listed = {reader.principal: reader for reader in found.subjects}
+    users = sorted({p for t, p in demo_warehouse.policy.named() if t == "acme" and p.startswith("user:")})
+    for user in users:
+        own = demo_warehouse.access_review(subject=user, tenant="acme", caller="user:carol").by_source.get(doc_id, 0)
+        assert (listed[user].rows if user in listed else 0) == own, user
+    for reader in found.subjects:
+        assert reader.path.startswith(reader.principal)
+
+
+def test_who_can_read_names_groups_by_what_a_member_holding_them_alone_may_read(demo_warehouse):
+    found = demo_warehouse.readers(caller="user:carol", tenant="acme", label="legal-hold")
+    groups = {reader.principal for reader in found.groups}
+    assert "group:legal" in groups or "group:compliance" in groups, groups
+    assert "group:interns" not in groups and "everyone" not in groups
+    assert all(not r.principal.startswith("user:") for r in found.groups)
+    with pytest.raises(InvalidRequestError, match="one of them"):
+        demo_warehouse.readers(caller="user:carol", tenant="acme")
+    with pytest.raises(PermissionDeniedError):
+        demo_warehouse.readers(caller="user:dave", tenant="acme", label="legal-hold")
