@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import httpx2
+import psutil
 import pytest
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
@@ -320,6 +321,27 @@ async def test_the_readme_client_configuration_reaches_the_tools_both_ways(
         Client(streamable_http_client(url, http_client=http)) as client,
     ):
         assert "acme-fin-001" in _docs(await _ok(client, "search", query=FINANCE_QUERY, k=3))
+
+
+@pytest.mark.anyio
+async def test_the_stdio_server_answers_before_it_loads_a_model(
+    demo_warehouse: Warehouse, auth_settings: AuthSettings, mint: Callable[..., str], onnx_worker_env: dict[str, str]
+) -> None:
+    """``initialize`` and the tool list come without the embedding runtime in the process (read off
+    its memory map); the first search loads it (the control)."""
+    env = _stdio_env(auth_settings, mint("alice")) | onnx_worker_env
+    launch = StdioServerParameters(command=str(RAGWARDEN), args=["mcp", "--warehouse", demo_warehouse.uri], env=env)
+
+    def loaded(server: psutil.Process) -> bool:
+        maps = Path(f"/proc/{server.pid}/maps").read_text()
+        return "onnxruntime" in maps or "libtorch" in maps
+
+    async with Client(launch) as client:
+        assert {tool.name for tool in (await client.list_tools()).tools} >= {"search"}
+        (server,) = [p for p in psutil.Process().children(recursive=True) if "mcp" in p.cmdline()]
+        assert not loaded(server), "initialize waited for the model"
+        await _ok(client, "search", query=FINANCE_QUERY, k=1)
+        assert loaded(server)
 
 
 @pytest.mark.parametrize("token", [None, "not-a-token", "expired"])
