@@ -156,8 +156,11 @@ class IngestProgress:
         self._done += 1
         self._show()
 
-    def embedding(self, documents: int) -> Callable[[int, int], None]:
-        """What the writer tells as a window of ``documents`` is embedded: ``done`` of ``of`` chunks."""
+    def embedding(self, documents: int) -> Callable[[int, int], None] | None:
+        """What the writer tells as a window of ``documents`` is embedded: ``done`` of ``of`` chunks
+        (nothing when no bar is shown)."""
+        if self._bar.disable:
+            return None
 
         def told(done: int, of: int) -> None:
             self._ahead = documents * done / of * 0.99  # the last part waits for the commit

@@ -101,8 +101,10 @@ class DocumentWriter:
         fresh: dict[str, list[float]] = {}
         if texts:
             try:
-                told = None if progress is None else (lambda done: progress(done, len(texts)))
-                embedded = self.embedder.encode(list(texts.values()), told)
+                if progress is None:
+                    embedded = self.embedder.encode(list(texts.values()))
+                else:
+                    embedded = self.embedder.encode(list(texts.values()), progress=lambda done: progress(done, len(texts)))
             except Exception:
                 if len(plans) == 1:
                     raise

@@ -112,6 +112,9 @@ OPERATIONS = [
     ("GET", "/v1/audit/verify"),
     ("GET", "/v1/audit/access-review"),
     ("GET", "/v1/audit/inventory"),
+    ("GET", "/v1/audit/readers"),
+    ("GET", "/v1/audit/trends"),
+    ("GET", "/v1/audit/vocabulary"),
     ("PUT", "/v1/policy"),
 ]
 USERS = ["admin", "carol"]  # admin: ingest, sync, forget, policy; carol: derive, audit, the widest view
@@ -122,7 +125,8 @@ def test_the_operations_fuzzed_are_every_operation_the_schema_documents(api_sche
     assert documented == set(OPERATIONS)
 
 
-PARAMETERLESS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/v1/whoami"), ("GET", "/v1/audit/verify")}
+PARAMETERLESS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/v1/whoami"), ("GET", "/v1/audit/verify"),
+                 ("GET", "/v1/audit/vocabulary")}
 CASES = [
     pytest.param(method, path, user, mode, id=f"{method} {path} as {user}, {mode}")
     for method, path in OPERATIONS
