@@ -693,8 +693,9 @@ class Warehouse:
         who = _asker(caller, None, tenant, None)
 
         def review(permission: Permission) -> Readers:
-            assert permission.policy is not None  # the gate refuses a review without a policy
-            return readers(self.store, permission.policy, who.tenant, doc_id=doc_id, label=label)
+            policy = self.policy  # in force, as the gate read it, without the asker's own token claims
+            assert policy is not None  # the gate refuses a review without a policy
+            return readers(self.store, policy, who.tenant, doc_id=doc_id, label=label)
 
         return self._gate.run(
             Operation.AUDIT,

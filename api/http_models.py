@@ -388,6 +388,7 @@ class ReadersModel(BaseModel):
     tenant: str
     item: str
     rows: int
+    truncated: bool = Field(description="true: the item has more rows than the first 1,000 weighed")
     policy_version: str
     subjects: list[ReaderModel]
     groups: list[ReaderModel]

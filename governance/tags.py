@@ -48,7 +48,8 @@ class Classification(IntEnum):
         return self.label
 
     def __format__(self, spec: str) -> str:
-        return self.label if not spec else format(int(self), spec)
+        """The name, padded or aligned as ``spec`` asks; a numeric ``spec`` (``d``, ``x``...) formats the number."""
+        return format(int(self), spec) if spec[-1:] in tuple("bcdeEfFgGnoxX%") else format(self.label, spec)
 
 
 def _printable_problem(value: object, what: str) -> str | None:

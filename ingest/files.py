@@ -20,7 +20,6 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import docx
 import yaml
 from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWarning
 from pypdf import PdfReader
@@ -213,6 +212,8 @@ def _pdf_text(data: bytes, origin: str) -> str:
 
 def _docx_text(data: bytes, origin: str) -> str:
     """The paragraphs of a Word document, then its tables' rows (cells joined by tabs), in order."""
+    import docx  # here: only a Word document needs it, and commands that never read one start faster
+
     try:
         document = docx.Document(io.BytesIO(data))
         paragraphs = [paragraph.text for paragraph in document.paragraphs]
@@ -237,7 +238,8 @@ def _media_type(path: Path) -> str | None:
     try:
         probe.decode("utf-8")
     except UnicodeDecodeError as exc:
-        if exc.start < len(probe) - 3:  # not a character cut at the end of the probe
+        cut = len(probe) == BINARY_PROBE_BYTES and exc.start >= len(probe) - 3  # a character the probe cut in two
+        if not cut:
             return None
     return SNIFFED
 
@@ -288,9 +290,19 @@ class _Loader:
                 if isinstance(candidate, Rejected):
                     yield candidate
                 elif candidate[0].name.lower().endswith(RECORD_SUFFIXES):
-                    yield from read_jsonl(candidate[0], max_line_bytes=self.max_bytes)
+                    yield from self.records(candidate[0])
                 else:
                     yield self.outcome(*candidate, named=named)
+
+    def records(self, path: Path) -> Iterator[Outcome]:
+        """A JSONL file found in a folder: its records, each with the governance it names. Under
+        ``acl_from="posix"`` it is refused, since its records would not carry the file's own
+        permissions (a record in an owner-only file could say ``everyone``): name it to ingest it."""
+        if self.posix:
+            yield Rejected(source=str(path), reason="records carry their own ACL, not the file's permissions (--acl-from "
+                                                    "posix); name the file to ingest its records")  # fmt: skip
+            return
+        yield from read_jsonl(path, max_line_bytes=self.max_bytes)
 
     def outcome(self, path: Path, relative: str, *, named: bool) -> Outcome:
         """The one outcome of one file."""

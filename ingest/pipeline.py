@@ -118,7 +118,7 @@ def count_inputs(paths: Sequence[Path | str], *, manifest: Path | None = None) -
 def _records_in(path: Path) -> int:
     """The non-blank lines of a JSONL file (gzipped or not); 1 if it cannot be read (its outcome says why)."""
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as handle:
+        with (gzip.open if path.suffix.lower() == ".gz" else open)(path, "rb") as handle:
             return sum(1 for line in handle if line.strip())
     except (OSError, EOFError, zlib.error):
         return 1

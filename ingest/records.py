@@ -231,7 +231,7 @@ def read_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[
     """Records of a JSONL file (``.jsonl`` or ``.jsonl.gz``), one outcome per non-blank line. A
     line over ``max_line_bytes`` is refused without being held in memory; a damaged gzip stream
     refuses the rest of the file, naming the line where it broke."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
     number = 0
     try:
         with opener(path, "rb") as handle:

@@ -8,6 +8,7 @@ embedded (same chunk id) keeps its stored vector, so re-tagging never re-embeds.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -101,7 +102,7 @@ class DocumentWriter:
         fresh: dict[str, list[float]] = {}
         if texts:
             try:
-                if progress is None:
+                if progress is None or not _takes_progress(self.embedder):
                     embedded = self.embedder.encode(list(texts.values()))
                 else:
                     embedded = self.embedder.encode(list(texts.values()), progress=lambda done: progress(done, len(texts)))
@@ -223,3 +224,11 @@ class DocumentWriter:
             "ingested_at": now,
         }
 
+
+
+def _takes_progress(embedder: object) -> bool:
+    """Whether ``embedder.encode`` hears progress (``Embedder`` does; one made elsewhere may not)."""
+    try:
+        return "progress" in inspect.signature(embedder.encode).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return False

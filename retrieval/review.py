@@ -14,7 +14,7 @@ from ..governance.policy import Policy
 from ..governance.sql import sql_list, sql_string
 from ..governance.tags import EVERYONE, Classification, label_problem
 from ..governance.visibility import check_row
-from ..state import Store
+from ..state import TAG_COLUMNS, Store
 from .search import Searcher
 
 _REVIEW_COLUMNS = ["chunk_id", "doc_id", "kind", "parents", "tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification"]
@@ -135,12 +135,14 @@ class Reader:
 
 @dataclass(frozen=True, kw_only=True)
 class Readers:
-    """Who can read an item in one tenant: the users and services the policy names, and the
-    groups (as a member holding that group alone), each with the rows it can read of ``rows``."""
+    """Who can read an item in one tenant: the users and services the policy or the rows' ACLs
+    name, and the groups (as a member holding that group alone), each with the rows it can read
+    of ``rows`` (the first ``READERS_MAX_ROWS`` by id when ``truncated``)."""
 
     tenant: str
     item: str
     rows: int
+    truncated: bool
     policy_version: str
     subjects: tuple[Reader, ...]
     groups: tuple[Reader, ...]
@@ -151,8 +153,10 @@ class Readers:
 
 def readers(store: Store, policy: Policy, tenant: str, *, doc_id: str | None = None, label: str | None = None) -> Readers:
     """Who can read document ``doc_id`` (its chunks and every row derived from them) or the rows
-    carrying ``label``, in ``tenant``: each principal the policy names there, decided row by row
-    by the enforcer (``visibility.check_row``), as a search would."""
+    carrying ``label``, in ``tenant``: every principal the policy names there or the rows' ACLs
+    name, decided by the enforcer (``visibility.check_row``) once per distinct set of tags, as a
+    search would decide each row. ``policy`` is the policy in force, with no caller's token claims:
+    the answer is the same whoever asks."""
     if (doc_id is None) == (label is None):
         raise InvalidRequestError("ask who can read a document (doc_id) or a label (label), one of them")
     if label is not None:
@@ -166,23 +170,32 @@ def readers(store: Store, policy: Policy, tenant: str, *, doc_id: str | None = N
         if chunk_ids:
             found.update(store.derived_from(chunk_ids))
         rows = [row for row in found.values() if row["tenant"] == tenant]
-    rows = sorted(rows, key=lambda row: row["chunk_id"])[:READERS_MAX_ROWS]
+    ordered = sorted(rows, key=lambda row: row["chunk_id"])
+    weighed = ordered[:READERS_MAX_ROWS]
     clauses = store.clause_registry()
-    named = sorted({principal for t, principal in policy.named() if t == tenant} | {EVERYONE})
+    alike: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)  # rows with the same tags decide alike
+    for row in weighed:
+        alike[tuple(tuple(row[c]) if isinstance(row[c], list) else row[c] for c in TAG_COLUMNS)].append(row)
+    in_acls = {p for row in weighed for p in (*row["acl_allow"], *row["acl_deny"])}
+    in_acls |= {p for row in weighed for token in row["acl_clauses"] for p in clauses.get(token, ())}
+    named = {principal for t, principal in policy.named() if t == tenant} | in_acls | {EVERYONE}
 
     def reader(principal: str) -> Reader | None:
-        readable = [row for row in rows if check_row(policy, principal, tenant, row, clauses).allowed]
-        if not readable:
+        passing = [group for group in alike.values() if check_row(policy, principal, tenant, group[0], clauses).allowed]
+        if not passing:
             return None
-        held = sorted(p for p in readable[0]["acl_allow"] if policy.holds(principal, p, tenant))
-        return Reader(principal=principal, rows=len(readable), path=membership_chain(policy, principal, held[0], tenant))
+        held = sorted(p for p in passing[0][0]["acl_allow"] if policy.holds(principal, p, tenant))
+        return Reader(principal=principal, rows=sum(map(len, passing)), path=membership_chain(policy, principal, held[0], tenant))
 
-    found_readers = [r for r in map(reader, named) if r is not None]
+    found_readers = [r for r in map(reader, sorted(named)) if r is not None]
+    person = ("user:", "service:")
     return Readers(
         tenant=tenant,
         item=f"label {label}" if label is not None else str(doc_id),
-        rows=len(rows),
+        rows=len(weighed),
+        truncated=len(ordered) > len(weighed),
         policy_version=policy.version,
-        subjects=tuple(r for r in found_readers if r.principal.startswith(("user:", "service:"))),
-        groups=tuple(r for r in found_readers if not r.principal.startswith(("user:", "service:"))),
+        subjects=tuple(r for r in found_readers if r.principal.startswith(person)),
+        groups=tuple(r for r in found_readers if not r.principal.startswith(person)),
     )
+

@@ -272,8 +272,14 @@ class AuditTable:
 
     def rows(self, where: str | None = None) -> list[dict[str, Any]]:
         """Rows ``where`` admits (every row for None), newest first."""
+        return self.page(where)[1]
+
+    def page(self, where: str | None = None, *, offset: int = 0, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """How many rows ``where`` admits, and ``limit`` of them after the newest ``offset``,
+        newest first: only the page becomes Python objects."""
         found = pa.Table.from_batches(list(self._arrow_batches(None, where)), schema=AUDIT_SCHEMA)
-        return found.sort_by([("time", "descending"), ("chain", "ascending"), ("seq", "descending")]).to_pylist()
+        ordered = found.sort_by([("time", "descending"), ("chain", "ascending"), ("seq", "descending")])
+        return ordered.num_rows, ordered.slice(offset, limit).to_pylist()
 
     def add_checkpoint(self, row: Mapping[str, Any]) -> None:
         self._checkpoint_table().add(pa.Table.from_pylist([dict(row)], schema=CHECKPOINT_SCHEMA))

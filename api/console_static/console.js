@@ -245,7 +245,7 @@ async function lineagePage(view, params) {
   if (!params.get("id")) return;
   const lineage = await api(`lineage/${encodeURIComponent(params.get("id"))}`);
   const newest = [...lineage.receipts].reverse();
-  const offset = Math.min(Math.max(0, Number(params.get("offset") || 0)), Math.max(0, newest.length - 1));
+  const offset = Math.min(Math.max(0, Number(params.get("offset")) || 0), Math.max(0, newest.length - 1));
   const shown = newest.slice(offset, offset + LINEAGE_RECEIPTS);
   const link = (to, text, id) => el("a", { id, href: `#/lineage?${new URLSearchParams({ id: params.get("id"), offset: String(to) })}` }, text);
   view.append(
@@ -257,9 +257,29 @@ async function lineagePage(view, params) {
       offset > 0 ? [" · ", link(Math.max(0, offset - LINEAGE_RECEIPTS), "newer", "lineage-newer")] : "",
       offset + shown.length < newest.length ? [" · ", link(offset + LINEAGE_RECEIPTS, "older", "lineage-older")] : ""),
     lineageGraph(lineage, shown),
+    receiptGroups(lineage.receipts),
     ...lineage.tombstones.map((t) => el("p", { class: "tombstone" },
       `Erased ${localInput(t.time).replace("T", " ")} by ${t.subject}${t.actor ? ` (agent ${t.actor})` : ""}: ${t.reason} · `,
       `${t.erased.chunks.length} chunks, ${t.erased.derived.length} derived rows · ${Object.values(t.versions_left).join("/")} version(s) left after the purge`)));
+}
+
+// Every receipt of a lineage grouped by what came of it and for whom: who was returned what, how often, first and last.
+function receiptGroups(receipts) {
+  const groups = new Map();
+  for (const r of receipts) {
+    const key = [r.outcome, r.subject, r.actor || "", r.purpose || ""].join("\u001f");
+    const group = groups.get(key) || { r, count: 0, first: r.time, last: r.time };
+    group.count += 1;
+    group.first = r.time < group.first ? r.time : group.first;
+    group.last = r.time > group.last ? r.time : group.last;
+    groups.set(key, group);
+  }
+  const rows = [...groups.values()].sort((a, b) => b.count - a.count || (a.last < b.last ? 1 : -1));
+  return rows.length
+    ? table(["outcome", "subject", "agent", "purpose", "receipts", "first (yours)", "last (yours)"], rows.map(({ r, count, first, last }) =>
+      [r.outcome, r.subject, r.actor || "", r.purpose || "", String(count), localInput(first).replace("T", " "), localInput(last).replace("T", " ")]),
+    { id: "lineage-receipt-groups" })
+    : el("p", { id: "lineage-receipt-groups", class: "empty" }, "No receipts concern it.");
 }
 
 // Columns, left to right: source -> chunks -> derived rows -> receipts (this page of them) -> erasures;
@@ -344,21 +364,30 @@ async function receiptsPage(view, params) {
   view.append(el("div", { class: "chain" }, status, again));
   showChain(status, await verifiedChain(false));
   const filters = Object.fromEntries(RECEIPT_FILTERS.map((name) => [name, params.get(name)]));
-  const offset = Math.max(0, Number(params.get("offset") || 0));
-  const { data: found, total } = await api("audit/receipts", { params: { ...filters, limit: RECEIPTS_PAGE, offset }, withTotal: true });
+  const offset = Math.max(0, Number(params.get("offset")) || 0);
+  const until = filters.until || params.get("pinned") || "";
+  const { data: found, total } = await api("audit/receipts", { params: { ...filters, until, limit: RECEIPTS_PAGE, offset }, withTotal: true });
+  // Pages after the first, and the export, stay on the log as it stood (receipts written since,
+  // these pages' own included, would shift them): up to just after the newest the first page showed.
+  const pinned = until || (found.length ? justAfter(found[0].time) : "");
   const pageLink = (to, text, id) => el("a", { id, href: `#/receipts?${new URLSearchParams(
-    Object.entries({ ...filters, offset: String(to) }).filter(([, v]) => v))}` }, text);
+    Object.entries({ ...filters, pinned, offset: String(to) }).filter(([, v]) => v))}` }, text);
   view.append(el("p", { id: "receipts-pager", class: "pager" },
     found.length ? `Receipts ${offset + 1}–${offset + found.length} of ${total}` : `0 of ${total}`,
     offset > 0 ? [" · ", pageLink(Math.max(0, offset - RECEIPTS_PAGE), "newer", "receipts-newer")] : "",
     offset + found.length < total ? [" · ", pageLink(offset + RECEIPTS_PAGE, "older", "receipts-older")] : "",
-    " · ", el("button", { id: "export-receipts-csv", type: "button", onclick: () => exportReceipts(filters, "csv") }, "Export CSV"),
-    " ", el("button", { id: "export-receipts-json", type: "button", onclick: () => exportReceipts(filters, "json") }, "Export JSON")));
+    " · ", el("button", { id: "export-receipts-csv", type: "button", onclick: () => exportReceipts({ ...filters, until: pinned }, "csv") }, "Export CSV"),
+    " ", el("button", { id: "export-receipts-json", type: "button", onclick: () => exportReceipts({ ...filters, until: pinned }, "json") }, "Export JSON")));
   view.append(found.length
     ? table(["chain #", "time (yours)", "operation", "subject", "actor", "purpose", "allowed", "reason", "withheld", "documents", "labels"],
       found.map((r) => [`${r.chain.slice(0, 8)} #${r.seq}`, localInput(r.time).replace("T", " "), r.operation, r.subject, r.actor || "",
         r.purpose || "", r.allowed ? "yes" : "no", r.reason, String(r.withheld), r.doc_ids.join(", "), chips(receiptLabels(r))]), { id: "receipts" })
     : el("p", { id: "receipts", class: "empty" }, "No receipts match these filters."));
+}
+
+// The instant just after ``iso`` (a millisecond later), to bound a query to what had been written by then.
+function justAfter(iso) {
+  return new Date(Date.parse(iso) + 1).toISOString();
 }
 
 function datalist(id, values) {
@@ -387,11 +416,9 @@ function showChain(status, chain) {
 
 // Every receipt the filters match (page after page), as a file to attach to an audit record, with
 // the verification it was read under.
-async function exportReceipts(given, format) {
+async function exportReceipts(filters, format) {
   const chain = await verifiedChain(false);
   const stamp = new Date().toISOString();
-  // Up to now: the export's own queries are receipts too, and must not shift its pages.
-  const filters = { ...given, until: given.until && given.until < stamp ? given.until : stamp };
   const receipts = [];
   for (let offset = 0; ; offset += EXPORT_PAGE) {
     const { data, total } = await api("audit/receipts", { params: { ...filters, limit: EXPORT_PAGE, offset }, withTotal: true });
@@ -406,7 +433,8 @@ async function exportReceipts(given, format) {
       receipts }, null, 2));
   } else {
     const rows = receipts.map((r) => RECEIPT_COLUMNS.map((c) => c === "labels" ? receiptLabels(r).join(" ") : c === "doc_ids" ? r.doc_ids.join(" ") : r[c]));
-    download(`${name}.csv`, "text/csv", csv([...RECEIPT_COLUMNS, "verified_checkpoint"], rows.map((row) => [...row, chain.checkpoint])));
+    download(`${name}.csv`, "text/csv", csv([...RECEIPT_COLUMNS, "verified_checkpoint", "verified_at"],
+      rows.map((row) => [...row, chain.checkpoint, chain.at])));
   }
 }
 
@@ -487,7 +515,7 @@ async function trendsPage(view, params) {
   view.append(
     el("p", { id: "trends-summary" }, `${total(found.searches)} searches and ${total(found.refusals)} refusals in ${found.tenant} ` +
       `from ${found.days[0]} to ${found.days[found.days.length - 1]} (UTC days)`),
-    el("h3", {}, "Searches and refusals a day"),
+    el("h3", {}, "Searches, and refusals of any operation, a day"),
     dayChart("trends-activity", found.days, [["searches", found.searches], ["refusals", found.refusals]]),
     el("h3", {}, "Labels returned a day (the most returned)"),
     dayChart("trends-labels", found.days, Object.entries(found.label_days)),
@@ -539,7 +567,8 @@ async function readersPage(view, params) {
   const rows = (readers) => readers.map((r) => [r.principal, String(r.rows), r.path]);
   view.append(
     el("p", { id: "readers-summary" }, `${found.subjects.length} users and services and ${found.groups.length} groups can read ` +
-      `${found.item} in ${found.tenant} (${found.rows} rows; policy ${found.policy_version.slice(0, 12)})`),
+      `${found.item} in ${found.tenant} (${found.rows} rows${found.truncated ? ", the first of more: narrow it for the rest" : ""}; ` +
+      `policy ${found.policy_version.slice(0, 12)})`),
     el("h3", {}, "Users and services"),
     found.subjects.length ? table(["who", "rows", "through"], rows(found.subjects), { id: "readers-subjects" }) : el("p", { id: "readers-subjects", class: "empty" }, "none"),
     el("h3", {}, "Groups (a member holding that group alone)"),

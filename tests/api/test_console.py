@@ -202,6 +202,10 @@ def test_a_lineage_with_many_receipts_pages_them_and_shows_its_erasures(
     newest = console.page.locator("#lineage-graph g.node.receipt title").first.text_content()
     assert newest.endswith("purpose: weekly 22"), newest
     assert console.page.locator("#lineage-graph g.node.receipt").count() == 20
+    groups = console.page.locator("#lineage-receipt-groups tbody tr")
+    counted = {(row.locator("td").nth(0).inner_text(), row.locator("td").nth(3).inner_text()): int(row.locator("td").nth(4).inner_text())
+               for row in groups.all()}  # fmt: skip
+    assert sum(counted.values()) == total and counted[("returned", "weekly 7")] == 1
     console.settled(lambda: console.page.click("#lineage-older"))
     assert console.page.locator("#lineage-graph g.node.receipt").count() == total - 20
     console.open("#/lineage?id=acme-memo")
@@ -242,8 +246,12 @@ def test_receipts_come_in_pages_with_their_total_and_filter_by_operation_and_out
     total = int(pager.split(" of ")[1].split(" ")[0])
     assert pager.startswith("Receipts 1–50 of ") and total > 50, pager
     assert console.page.locator("#receipts tbody tr").count() == 50
+    first = console.texts("#receipts tbody td:nth-child(1)")
     console.settled(lambda: console.page.click("#receipts-older"))
     assert console.page.locator("#receipts-pager").inner_text().startswith("Receipts 51–")
+    assert f" of {total}" in console.page.locator("#receipts-pager").inner_text(), "the pages stay on the log as it stood"
+    console.settled(lambda: console.page.click("#receipts-newer"))
+    assert console.texts("#receipts tbody td:nth-child(1)") == first, "no receipt written since shifts the pages"
     console.settled(lambda: (console.page.select_option("#filter-allowed", "false"), console.page.select_option("#filter-operation", "derive"),
                              console.page.click("#receipts-form button[type=submit]")))  # fmt: skip
     rows = console.page.locator("#receipts tbody tr")
@@ -288,8 +296,8 @@ def test_receipts_reviews_and_inventories_export_as_csv_and_json(console: Consol
     assert exported["verified"]["checkpoint"] in status and exported["tenant"] == "acme"
     assert len(exported["receipts"]) == total and all(LEGAL_DOC in r["doc_ids"] for r in exported["receipts"])
     rows = list(csv.reader(io.StringIO(downloaded("#export-receipts-csv"))))
-    assert rows[0][:5] == ["chain", "seq", "time", "operation", "subject"] and rows[0][-1] == "verified_checkpoint"
-    assert len(rows) - 1 == total and {row[-1] for row in rows[1:]} == {exported["verified"]["checkpoint"]}
+    assert rows[0][:5] == ["chain", "seq", "time", "operation", "subject"] and rows[0][-2:] == ["verified_checkpoint", "verified_at"]
+    assert len(rows) - 1 == total and {row[-2] for row in rows[1:]} == {exported["verified"]["checkpoint"]}
     console.open("#/review?subject=user:dave")
     review = json.loads(downloaded("#export-review-json"))
     assert review["subject"] == "user:dave" and review["exported_by"] == "user:carol"

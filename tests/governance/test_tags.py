@@ -290,4 +290,5 @@ def test_clause_token_is_a_short_sql_safe_string() -> None:
 def test_a_classification_prints_as_its_name_and_counts_as_its_number() -> None:
     level = Classification.CONFIDENTIAL
     assert (str(level), f"{level}", f"{level:d}", int(level)) == ("confidential", "confidential", "2", 2)
+    assert (f"{level:>14}", f"{level:03d}") == ("  confidential", "002")
     assert Classification.parse(str(level)) is level

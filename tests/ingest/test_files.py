@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import gzip
 import json
 import pwd
 import shutil
@@ -316,10 +317,10 @@ def test_an_unsupported_type_is_skipped_in_a_folder_and_rejected_when_named(fold
 
 def test_a_file_with_no_extension_is_text_only_when_its_bytes_are(tmp_path: Path, write_files) -> None:
     folder = write_files(tmp_path / "pkg", {"copyright": "Files: *\nCopyright: 2026", "blob": b"\x7fELF\x00\x01",
-                                            "latin": b"caf\xe9 au lait"})  # fmt: skip
+                                            "latin": b"caf\xe9 au lait", "ends-latin": b"caf\xe9"})  # fmt: skip
     got = by_source(iter_file_sources([folder], default_tenant="acme", manifest=None, acl_from="posix"))
     assert isinstance(got[str(folder / "copyright")], SourceRecord)
-    for name in ("blob", "latin"):
+    for name in ("blob", "latin", "ends-latin"):
         assert got[str(folder / name)] == Skipped(source=str(folder / name), reason="not text (a file with no extension)")
 
 
@@ -329,6 +330,11 @@ def test_jsonl_records_found_in_a_folder_are_ingested_as_records(tmp_path: Path,
     got = list(iter_file_sources([folder]))
     assert [(o.doc_id, o.origin) for o in got] == [("r-1", f"{folder}/records/batch.jsonl:1 (id 'r-1')"),
                                                   ("r-2", f"{folder}/records/batch.jsonl:2 (id 'r-2')")]  # fmt: skip
+    with gzip.open(folder / "records" / "MORE.JSONL.GZ", "wt", encoding="utf-8") as packed:
+        packed.write(json.dumps(make_record(id="r-3")) + "\n")
+    assert [o.doc_id for o in iter_file_sources([folder])] == ["r-3", "r-1", "r-2"]
+    under_posix = list(iter_file_sources([folder], acl_from="posix", default_tenant="acme"))
+    assert len(under_posix) == 2 and all(isinstance(o, Rejected) and "records carry their own ACL" in o.reason for o in under_posix)
 
 
 def test_an_input_given_twice_is_read_once_and_the_manifest_given_as_input_is_no_document(

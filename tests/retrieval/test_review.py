@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragwarden.errors import InvalidRequestError, PermissionDeniedError
+from ragwarden.governance.caller import Identity
 
 
 @pytest.mark.parametrize("subject", ["user:alice", "user:bob", "user:carol", "user:dave"])
@@ -77,3 +78,16 @@ def test_who_can_read_names_groups_by_what_a_member_holding_them_alone_may_read(
         demo_warehouse.readers(caller="user:carol", tenant="acme")
     with pytest.raises(PermissionDeniedError):
         demo_warehouse.readers(caller="user:dave", tenant="acme", label="legal-hold")
+
+
+def test_who_can_read_names_a_user_only_an_acl_names_and_is_the_same_whoever_asks(demo_policy_warehouse):
+    """zoe is in no line of the policy; a public row whose ACL names her is hers to read, so she is
+    listed; carol's own token claims would change nothing of the answer."""
+    wh = demo_policy_warehouse
+    assert wh.ingest_records([{"id": "zoe-note", "text": "A note for zoe.", "tenant": "acme", "classification": "public",
+                               "acl": {"allow": ["user:zoe"]}}]).ok  # fmt: skip
+    found = wh.readers(caller="user:carol", tenant="acme", doc_id="zoe-note")
+    assert [(r.principal, r.rows, r.path) for r in found.subjects] == [("user:zoe", 1, "user:zoe")]
+    assert not found.truncated and found.rows == 1
+    claiming = Identity(subject="user:carol", tenant="acme", groups=frozenset({"group:zoe-friends"}))
+    assert wh.readers(caller=claiming, doc_id="zoe-note") == found
