@@ -55,6 +55,10 @@ class Provisioned:
     def empty(self) -> bool:
         return not self.memberships and not self.deactivated
 
+    def over(self, base: Policy) -> Policy:
+        """``base`` with these memberships and deactivations (``PolicyError`` if they cannot combine)."""
+        return base.with_provisioned(self.memberships, deactivated=self.deactivated, digest=self.digest)
+
     @classmethod
     def from_rows(cls, rows: Iterable[ProvisionedRow]) -> Provisioned:
         users: dict[tuple[str, str], tuple[str, bool]] = {}
@@ -112,13 +116,13 @@ class ProvisionedPolicy:
             return
         others = [row for row in self._rows_at(self._version()) if row.tenant != tenant]
         candidate = Provisioned.from_rows([*others, *rows])
-        base.with_provisioned(candidate.memberships, deactivated=candidate.deactivated, digest=candidate.digest)
+        candidate.over(base)
 
     def require_combining(self, base: Policy) -> None:
         """Raise ``PolicyError`` if ``base`` cannot combine with every tenant's provisioned
         memberships (what an install checks: it would refuse a tenant)."""
         provisioned = self.provisioned()
-        base.with_provisioned(provisioned.memberships, deactivated=provisioned.deactivated, digest=provisioned.digest)
+        provisioned.over(base)
 
     def over(self, base: Policy | None) -> Policy | None:
         """``base`` with what was provisioned; ``base`` itself when nothing was (or there is no
@@ -145,8 +149,7 @@ def _combined(base: Policy, provisioned: Provisioned) -> Policy:
     """``base`` with ``provisioned``; if they cannot combine, with the memberships of the tenants
     that can, the others refused (never decided without their provisioned state)."""
     try:
-        return base.with_provisioned(provisioned.memberships, deactivated=provisioned.deactivated,
-                                     digest=provisioned.digest)  # fmt: skip
+        return provisioned.over(base)
     except PolicyError:
         pass
     by_tenant: dict[str, list[Rule]] = {}

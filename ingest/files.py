@@ -244,7 +244,7 @@ def _media_type(path: Path) -> str | None:
     return SNIFFED
 
 
-def _walk(folder: Path, excluded: Path | None) -> Iterator[tuple[Path, str] | Rejected]:
+def walk_documents(folder: Path, excluded: Path | None) -> Iterator[tuple[Path, str] | Rejected]:
     """Candidate documents under ``folder`` with their relative POSIX paths, in a fixed order;
     a sub-folder that cannot be listed is ``Rejected`` rather than silently left out."""
     errors: list[OSError] = []
@@ -280,7 +280,7 @@ class _Loader:
                 continue  # the manifest governs, it is not a document
             named = not given.is_dir()
             if not named:
-                candidates: Iterator[tuple[Path, str] | Rejected] = _walk(given, excluded)
+                candidates: Iterator[tuple[Path, str] | Rejected] = walk_documents(given, excluded)
             elif given.is_file():
                 candidates = iter([(given, given.name)])
             else:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from ..embedder import Embedder
 from ..state import Store
-from .files import RECORD_SUFFIXES, SIDECAR_SUFFIX, iter_file_sources
+from .files import RECORD_SUFFIXES, iter_file_sources, walk_documents
 from .records import Outcome, Rejected, Skipped, SourceRecord, read_jsonl
 from .writer import BatchResult, DocumentWriter
 
@@ -103,13 +103,10 @@ def count_inputs(paths: Sequence[Path | str], *, manifest: Path | None = None) -
     excluded = Path(os.path.abspath(manifest)) if manifest is not None else None
     found = 0
     for path in dict.fromkeys(Path(os.path.abspath(raw)) for raw in paths):
-        if path.is_dir():
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = [name for name in dirnames if not name.startswith(".")]
-                for name in filenames:
-                    file = Path(dirpath, name)
-                    if not name.startswith(".") and not name.endswith(SIDECAR_SUFFIX) and file != excluded:
-                        found += _records_in(file) if name.lower().endswith(RECORD_SUFFIXES) else 1
+        if path.is_dir():  # the walk the loader takes (a folder it cannot list counts one, as its refusal)
+            for candidate in walk_documents(path, excluded):
+                file = None if isinstance(candidate, Rejected) else candidate[0]
+                found += _records_in(file) if file is not None and file.name.lower().endswith(RECORD_SUFFIXES) else 1
         elif path.is_file() and path != excluded:
             found += _records_in(path) if _is_jsonl(path) else 1
     return found
