@@ -60,8 +60,10 @@ class ForgetReport:
     ``item_id`` is the document or derived row asked for; ``erased_chunks`` the document's
     chunks (none for a derived row); ``erased_derived`` every derived row that went with it
     (the row itself first, for a derived row). ``table_version`` is the commit that removed them;
-    ``versions_purged`` how many old versions of each table the purge dropped, and
-    ``versions_left`` how many remain (one each: no earlier version holds the erased rows).
+    ``versions_purged`` how many old versions of each table the purge dropped or emptied of
+    their files, and ``versions_left`` how many still hold rows (one each: no earlier version
+    holds the erased rows; the earlier versions' commit records stay a few minutes, so that
+    writers that planned before the purge are still checked against every commit since).
     """
 
     item_id: str

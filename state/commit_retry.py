@@ -21,11 +21,23 @@ ATTEMPTS = 10
 FIRST_PAUSE_SECONDS = 0.02
 
 
-class SnapshotPurged(RuntimeError):
-    """A write planned from a table version that a concurrent purge removed: plan it again."""
+class PlanAgain(RuntimeError):
+    """A write planned from a table version it can no longer safely commit on: plan it again."""
+
+
+class SnapshotPurged(PlanAgain):
+    """A write planned from a table version that a concurrent purge removed."""
 
     def __init__(self, what: str, version: int) -> None:
         super().__init__(f"{what}: version {version} was purged by a concurrent writer while being read")
+
+
+class PlanOutlived(PlanAgain):
+    """A write planned longer ago than the records of the commits since are sure to be kept
+    (``history.PLAN_LIFETIME``): committing it could miss a conflict."""
+
+    def __init__(self, what: str, version: int, seconds: float) -> None:
+        super().__init__(f"{what}: planned on version {version} {seconds:.0f} s ago, too long to commit safely")
 
 
 def is_missing_file(exc: BaseException) -> bool:
@@ -34,7 +46,10 @@ def is_missing_file(exc: BaseException) -> bool:
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
-    """Whether ``exc`` is Lance refusing a commit because another writer committed first."""
+    """Whether ``exc`` is Lance refusing a commit because another writer committed first (or a
+    plan that must be made again)."""
+    if isinstance(exc, PlanAgain):
+        return True
     text = str(exc).lower()
     return "conflict" in text or "concurrent" in text or "preempted" in text
 

@@ -10,6 +10,7 @@ against a state that is no longer there.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..governance.sql import sql_in_list, sql_string
+from ..governance.sql import sql_string
+from .history import refuse_outlived_plan
 from .schema import DIRECTORY
-from .tables import compact_and_prune, declare_primary_key, names_storage_failures, open_table
+from .tables import compact_and_prune, conditional_merge, declare_primary_key, names_storage_failures, open_table
 
 HEAD = ""
 """The ``resource_type`` of a tenant's head row."""
@@ -77,6 +79,7 @@ class DirectorySnapshot:
         self._dataset = dataset
         self.tenant = tenant
         self.version: int = dataset.version
+        self._taken = time.monotonic()
         found = dataset.to_table(columns=["body"], filter=f"key = {sql_string(directory_key(tenant, HEAD, HEAD))}")
         self.head: str | None = found.column("body")[0].as_py() if found.num_rows else None
 
@@ -90,14 +93,10 @@ class DirectorySnapshot:
         with a new head row for the tenant: Lance refuses the commit (never retried here) when
         another write of this tenant committed since. Returns the new head."""
         head = DirectoryRow(tenant=self.tenant, resource_type=HEAD, resource_id=HEAD, body=uuid.uuid4().hex)
+        refuse_outlived_plan(self._taken, "a directory write", self.version)
         table = pa.Table.from_pylist([row.stored() for row in (*writes, head)], schema=DIRECTORY_SCHEMA)
-        merge = self._dataset.merge_insert("key").when_matched_update_all().when_not_matched_insert_all()
         doomed = sorted({directory_key(self.tenant, kind, rid) for kind, rid in deletes})
-        if doomed:
-            merge = merge.when_not_matched_by_source_delete(f"key IN {sql_in_list(doomed)}")
-        # As ``ChunksSnapshot.commit``: the indexed route would not record inserted keys, and Lance's
-        # own retry would replay rows planned from this snapshot onto a newer version.
-        merge.use_index(False).conflict_retries(0).execute(table)
+        conditional_merge(self._dataset, "key", doomed).execute(table)
         return head.body
 
 

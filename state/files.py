@@ -5,6 +5,7 @@ the options Lance is given; other stores have none (their callers keep to the ta
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,9 @@ from .tables import local_path
 
 RESIDENT_INDEX = "resident_index"
 """The serving index's artifacts (``retrieval.serving``): ``chunks-<version>.faiss`` and ``.rows``."""
+
+PURGE_MARKS = "history"
+"""Per table, the latest version at its last purge (``history.EmptiedMark``)."""
 
 
 def warehouse_files(uri: str, storage_options: Mapping[str, str], folder: str) -> WarehouseFiles | None:
@@ -37,6 +41,7 @@ class WarehouseFiles(Protocol):
     def names(self) -> list[str]: ...
     def get(self, name: str) -> bytes | None: ...
     def remove(self, name: str) -> None: ...
+    def clear(self) -> None: ...
     def local(self, name: str) -> Path | None: ...
 
 
@@ -83,6 +88,10 @@ class _LocalFiles:
         except FileNotFoundError:
             pass
 
+    def clear(self) -> None:
+        """Remove the folder and everything in it (nothing, if it is not there)."""
+        shutil.rmtree(self._folder, ignore_errors=True)
+
     def local(self, name: str) -> Path | None:
         """The file's path, for a reader that maps it into memory rather than copy it."""
         path = self._folder / name
@@ -116,6 +125,9 @@ class _ObjectFiles:
             self._fs.delete_file(f"{self._prefix}/{name}")
         except FileNotFoundError:
             pass
+
+    def clear(self) -> None:
+        self._fs.delete_dir_contents(self._prefix, missing_dir_ok=True)
 
     def local(self, name: str) -> Path | None:
         return None

@@ -10,11 +10,13 @@ or deleted meanwhile, or a row it inserts was inserted meanwhile (``chunk_id`` i
 unenforced primary key). A plan rewrites, unchanged, every row whose tags it read without
 changing them (a derived row's other parents), so a change to any of them conflicts too. A
 refused commit is never replayed: the caller plans again from a fresh snapshot
-(``commit_retry.retrying_conflicts``).
+(``commit_retry.retrying_conflicts``), as it does a plan older than ``history.PLAN_LIFETIME``
+(Lance could no longer be sure to see every commit made since).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,8 @@ from typing import Any
 import pyarrow as pa
 
 from ..governance.sql import sql_documents, sql_in_list, sql_list
+from .history import refuse_outlived_plan
+from .tables import conditional_merge
 
 DocumentKey = tuple[str, str]
 
@@ -61,6 +65,7 @@ class ChunksSnapshot:
         self._dataset = dataset
         self.schema: pa.Schema = dataset.schema
         self.version: int = dataset.version
+        self._taken = time.monotonic()
 
     def _where(self, predicate: str, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
         wanted = list(columns) if columns is not None else self.schema.names
@@ -100,13 +105,7 @@ class ChunksSnapshot:
         here) when a commit since then touched a row it writes or deletes. Returns the new version."""
         if write.empty:
             return self.version
+        refuse_outlived_plan(self._taken, "a chunks write", self.version)
         table = pa.Table.from_pylist([dict(row) for row in write.rows], schema=self.schema)
-        merge = self._dataset.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all()
-        doomed = _without_nul(write.delete)
-        if doomed:
-            merge = merge.when_not_matched_by_source_delete(f"chunk_id IN {sql_in_list(doomed)}")
-        # use_index(False): the indexed route does not record inserted keys, so two concurrent
-        # inserts of one chunk id would both commit. conflict_retries(0): Lance's own retry would
-        # replay these rows, computed from this snapshot, onto a newer version.
-        merge.use_index(False).conflict_retries(0).execute(table)
+        conditional_merge(self._dataset, "chunk_id", _without_nul(write.delete)).execute(table)
         return int(self._dataset.version)

@@ -7,6 +7,7 @@ filter, and conditional writes, and every failure to read or write the files lea
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -31,8 +32,9 @@ from .audit_journal import ReceiptJournal
 from .audit_table import AuditTable
 from .commit_retry import SnapshotPurged, is_commit_conflict, is_missing_file, retrying_conflicts
 from .directory import DirectoryTable
-from .files import RESIDENT_INDEX, WarehouseFiles, warehouse_files
+from .files import PURGE_MARKS, RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .freshness import SingleFlight, Versions
+from .history import EmptiedMark, drop_superseded_content, prune_records, versions_left
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
     IndexReport,
@@ -639,13 +641,18 @@ class Store:
 
     def purge_history(self) -> dict[str, int]:
         """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
-        indexes (both hold copies of what rows said), drop every old table version and the serving
-        index's artifacts (replicas rebuild them), so erased text and vectors are in no file under
-        the warehouse.
+        indexes (both hold copies of what rows said), remove every older version's files and the
+        serving index's artifacts (replicas rebuild them), so erased text and vectors are in no
+        file under the warehouse. Returns, per table, how many older versions it pruned or emptied.
 
-        Each step is retried when it loses a commit race (each converges). Files no version ever
-        committed are left to Lance's own week-long grace: they may belong to another writer's
-        commit in progress, and deleting those would leave its version naming missing files."""
+        The older versions' commit records stay until ``tables.VERSIONS_KEPT`` has passed
+        (``history``): a writer that planned before the purge is still checked against every
+        commit made since. Each step is retried when it loses a commit race (each converges).
+        Files no version ever committed are left to Lance's own week-long grace: they may belong
+        to another writer's commit in progress, and deleting those would leave its version naming
+        missing files. On a store other than a local folder or S3 (whose files cannot be listed
+        here) the records go at once with the files, and a writer that planned before the purge
+        may miss a conflict."""
         removed: dict[str, int] = {}
         for name, table in ((CHUNKS, self._chunks), (SOURCES, self._sources)):
             retrying_conflicts(
@@ -662,16 +669,40 @@ class Store:
                     lambda t=table: ensure_vector_index(t, rows=t.count_rows(), rebuild=True),
                     what="rebuilding the vector index",
                 )
-            stats = table.to_lance().cleanup_old_versions(older_than=timedelta(0))
-            removed[name] = int(stats.old_versions)
+            latest, folder = table.to_lance(), self._table_folder(name)
+            if folder is None:  # a store whose files cannot be listed: records and files go at once
+                removed[name] = prune_records(latest, older_than=timedelta(0))
+            else:
+                removed[name] = prune_records(latest) + drop_superseded_content(latest, *folder)
         artifacts = self.files(RESIDENT_INDEX)  # serving-index artifacts hold every row's vector
         for name in artifacts.names() if artifacts is not None else []:
             artifacts.remove(name)
         return removed
 
     def versions_left(self) -> dict[str, int]:
-        """How many versions of the tables that hold row content remain (after a purge: one each)."""
-        return {CHUNKS: len(self._chunks.list_versions()), SOURCES: len(self._sources.list_versions())}
+        """How many versions of each table that holds row content still hold rows the latest does
+        not show, the latest included (after a purge: one each, unless writers committed since)."""
+        left: dict[str, int] = {}
+        for name, table in ((CHUNKS, self._chunks), (SOURCES, self._sources)):
+            folder = self._table_folder(name)
+            latest = table.to_lance()
+            left[name] = versions_left(latest, *folder) if folder is not None else len(latest.versions())
+        return left
+
+    def _table_folder(self, name: str) -> tuple[Callable[[str], WarehouseFiles], EmptiedMark] | None:
+        """The folders under table ``name``'s own and the mark of its last purge, on a store whose
+        files can be listed and removed."""
+        marks = self.files(PURGE_MARKS)
+        if marks is None:
+            return None
+
+        @functools.cache
+        def folder(path: str) -> WarehouseFiles:
+            files = warehouse_files(self.uri, self.storage_options, f"{name}.lance/{path}")
+            assert files is not None  # the same store as the marks' folder
+            return files
+
+        return folder, EmptiedMark(marks, name)
 
     def row_tenant(self, chunk_id: str) -> str | None:
         """The tenant of a derived row (a summary, note or memory), or None if there is no such row."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +21,7 @@ import lancedb
 import pyarrow as pa
 
 from ..errors import RagwardenError, WarehouseError
+from ..governance.sql import sql_in_list
 from .commit_retry import is_commit_conflict, retrying_conflicts
 
 C = TypeVar("C", bound=type)
@@ -168,6 +169,19 @@ def declare_primary_key(table: Any, column: str) -> None:
     if any(key.startswith(b"lance-schema:unenforced-primary-key") for key in metadata):
         return
     retrying_conflicts(lambda: table.set_unenforced_primary_key(column), what=f"declaring the key of {table.name}")
+
+
+def conditional_merge(dataset: Any, key: str, delete: Sequence[str] = ()) -> Any:
+    """The merge that writes rows by ``key`` and deletes the rows whose key is in ``delete``,
+    committing only on ``dataset``'s version: Lance refuses it when a commit since touched one of
+    the same rows (``key`` is the table's unenforced primary key)."""
+    merge = dataset.merge_insert(key).when_matched_update_all().when_not_matched_insert_all()
+    if delete:
+        merge = merge.when_not_matched_by_source_delete(f"{key} IN {sql_in_list(sorted(delete))}")
+    # use_index(False): the indexed route does not record inserted keys, so two concurrent inserts
+    # of one key would both commit. conflict_retries(0): Lance's own retry would replay rows planned
+    # from this version onto a newer one.
+    return merge.use_index(False).conflict_retries(0)
 
 
 VERSIONS_KEPT = timedelta(minutes=5)

@@ -4,13 +4,14 @@ from the same snapshot is refused (and planned again by its caller) while anothe
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from ragwarden.errors import WarehouseError
-from ragwarden.state import DirectoryRow, Store
-from ragwarden.state.commit_retry import is_commit_conflict
+from ragwarden.state import DirectoryRow, Store, history
+from ragwarden.state.commit_retry import PlanOutlived, is_commit_conflict
 
 
 def _user(tenant: str, rid: str, name: str) -> DirectoryRow:
@@ -50,3 +51,14 @@ def test_a_directory_that_has_gone_is_refused_naming_it_never_recreated_empty(st
     shutil.rmtree(tmp_path / "warehouse" / "directory.lance")
     with pytest.raises(WarehouseError, match="table 'directory' is missing from a warehouse that had one"):
         Store(str(tmp_path / "warehouse"), dimension=4)
+
+
+def test_a_write_planned_longer_ago_than_a_plan_may_live_is_never_committed(store: Store, monkeypatch: pytest.MonkeyPatch):
+    """The directory prunes old versions' records too: past ``PLAN_LIFETIME`` Lance could miss a conflict."""
+    planned = store.directory.snapshot("acme")
+    version = store.directory.version
+    monkeypatch.setattr(history, "PLAN_LIFETIME", timedelta(0))
+    with pytest.raises(PlanOutlived, match="a directory write: planned on version") as outlived:
+        planned.commit([_user("acme", "u1", "user:zed")], [])
+    assert is_commit_conflict(outlived.value)
+    assert store.directory.version == version

@@ -79,6 +79,8 @@ def _one_operation(warehouse: Any, rng: random.Random, name: str, number: int) -
             return "sync"
         if choice < 0.72:
             ids = _row_ids(warehouse)
+            if not ids:  # every document forgotten, none ingested again yet
+                return "nothing to derive from"
             parents = rng.sample(ids, min(len(ids), rng.randint(1, 3)))
             warehouse.derive(f"note {name}-{number}", parents=parents, subject=ACTOR, tenant=TENANT, kind="note")
             return "derive"

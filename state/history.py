@@ -1,0 +1,144 @@
+"""A table's old versions, and the purge that leaves none of them holding a row the latest does
+not, without blinding concurrent writers.
+
+Why: an erasure must leave the erased text and vectors in no file, so every version older than the
+erasure must lose its files. But Lance checks a commit against the commits made since the version
+it was planned on by reading their records (manifests and transaction files). A record removed
+under a writer that planned before it is a conflict Lance never sees: that writer's commit lands as
+if the removed commit had not happened (a row updated by both is stored twice, a deleted row comes
+back). So a purge removes an old version's *content* (its data files and index folders that the
+latest version does not use) and keeps its record; records go once older than
+``tables.VERSIONS_KEPT``, and no plan may commit after living half that long (``PLAN_LIFETIME``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from typing import Any
+
+from .commit_retry import PlanOutlived, is_missing_file
+from .files import WarehouseFiles
+from .tables import VERSIONS_KEPT
+
+PLAN_LIFETIME = VERSIONS_KEPT / 2
+"""The longest a write may take from reading its snapshot to committing on it: the records of every
+commit made meanwhile are then certainly still there for Lance to check it against."""
+
+
+def refuse_outlived_plan(taken: float, what: str, version: int) -> None:
+    """Raise ``PlanOutlived`` (planned again by ``retrying_conflicts``) when a write planned on
+    ``version`` at ``taken`` (``time.monotonic()``) has lived longer than ``PLAN_LIFETIME``."""
+    age = time.monotonic() - taken
+    if age > PLAN_LIFETIME.total_seconds():
+        raise PlanOutlived(what, version, age)
+
+
+Folder = Callable[[str], WarehouseFiles]
+"""A folder under the table's own (``data``, ``_indices/<uuid>``)."""
+
+
+def _content(dataset: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """A version's data files (names under ``data``) and index folders (uuids under ``_indices``)."""
+    data = frozenset(file.path for fragment in dataset.get_fragments() for file in fragment.data_files())
+    indexes = frozenset(str(segment.uuid) for index in dataset.describe_indices() for segment in index.segments)
+    return data, indexes
+
+
+def _earlier_versions(latest: Any, since: int | None) -> Iterator[Any]:
+    """The table at each version from ``since`` (None: the oldest there is) to before ``latest``
+    whose record is still there."""
+    if since is None:
+        numbers: Iterable[int] = sorted(int(v["version"]) for v in latest.versions() if int(v["version"]) < latest.version)
+    else:
+        numbers = range(since, latest.version)
+    for number in numbers:
+        try:
+            yield latest.checkout_version(number)
+        except Exception as exc:
+            if not is_missing_file(exc):  # a record pruned, or another purge dropped meanwhile
+                raise
+
+
+class EmptiedMark:
+    """The latest version of a table at its last purge, kept in the warehouse's ``history``
+    folder: every earlier version holds no file that version does not use, so the next purge
+    (or count) need only read the versions since."""
+
+    def __init__(self, files: WarehouseFiles, table: str) -> None:
+        self._files, self._table = files, table
+
+    def since(self, latest: Any) -> int | None:
+        """The version to read from: the mark, while that version's record is there (None
+        otherwise: once it is pruned, an older version may outlive it by a clock's skew)."""
+        raw = self._files.get(self._table)
+        mark = int(raw) if raw is not None and raw.strip().isdigit() else 0
+        if not 0 < mark <= latest.version:
+            return None
+        try:
+            latest.checkout_version(mark)
+        except Exception as exc:
+            if not is_missing_file(exc):
+                raise
+            return None
+        return mark
+
+    def set(self, version: int) -> None:
+        self._files.put(self._table, str(int(version)).encode())
+
+
+class _Present:
+    """Which of a table's content files exist, listed once and asked per version."""
+
+    def __init__(self, folder: Folder) -> None:
+        self._folder = folder
+        self._data = set(folder("data").names())
+        self._indexes: dict[str, bool] = {}
+
+    def _index(self, uuid: str) -> bool:
+        if uuid not in self._indexes:
+            self._indexes[uuid] = bool(self._folder(f"_indices/{uuid}").names())
+        return self._indexes[uuid]
+
+    def beyond(self, dataset: Any, latest: tuple[frozenset[str], frozenset[str]]) -> tuple[set[str], set[str]]:
+        """The data files and index folders of ``dataset`` that are there and ``latest`` does not use."""
+        data, indexes = _content(dataset)
+        return {n for n in data - latest[0] if n in self._data}, {u for u in indexes - latest[1] if self._index(u)}
+
+    def remove(self, data: set[str], indexes: set[str]) -> None:
+        for name in sorted(data):
+            self._folder("data").remove(name)
+            self._data.discard(name)
+        for uuid in sorted(indexes):
+            self._folder(f"_indices/{uuid}").clear()
+            self._indexes[uuid] = False
+
+
+def drop_superseded_content(latest: Any, folder: Folder, mark: EmptiedMark) -> int:
+    """Remove every file of a version older than ``latest`` that ``latest`` does not use, keeping
+    the versions' records, and move ``mark`` to ``latest``; returns how many versions held such
+    files."""
+    keep, present = _content(latest), _Present(folder)
+    dropped = 0
+    for dataset in _earlier_versions(latest, mark.since(latest)):
+        data, indexes = present.beyond(dataset, keep)
+        present.remove(data, indexes)
+        dropped += bool(data or indexes)
+    mark.set(latest.version)
+    return dropped
+
+
+def versions_left(latest: Any, folder: Folder, mark: EmptiedMark) -> int:
+    """How many versions hold rows: ``latest``, and each earlier one still holding a file that
+    ``latest`` does not use (one sharing all its files with ``latest`` shows nothing it does not)."""
+    keep, present = _content(latest), _Present(folder)
+    return 1 + sum(any(present.beyond(dataset, keep)) for dataset in _earlier_versions(latest, mark.since(latest)))
+
+
+def prune_records(latest: Any, older_than: timedelta = VERSIONS_KEPT) -> int:
+    """Drop the records (and any files) of versions older than ``older_than``; returns how many."""
+    return int(latest.cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False).old_versions)
+
+
+__all__ = ["PLAN_LIFETIME", "EmptiedMark", "drop_superseded_content", "prune_records", "refuse_outlived_plan", "versions_left"]
