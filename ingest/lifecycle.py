@@ -62,8 +62,8 @@ class ForgetReport:
     (the row itself first, for a derived row). ``table_version`` is the commit that removed them;
     ``versions_purged`` how many old versions of each table the purge dropped or emptied of
     their files, and ``versions_left`` how many still hold rows (one each: no earlier version
-    holds the erased rows; the earlier versions' commit records stay a few minutes, so that
-    writers that planned before the purge are still checked against every commit since).
+    holds the erased rows; the earlier versions' commit records stay an hour, so that writers
+    that planned before the purge are still checked against every commit since).
     """
 
     item_id: str

@@ -90,7 +90,10 @@ class _LocalFiles:
 
     def clear(self) -> None:
         """Remove the folder and everything in it (nothing, if it is not there)."""
-        shutil.rmtree(self._folder, ignore_errors=True)
+        try:
+            shutil.rmtree(self._folder)
+        except FileNotFoundError:
+            pass
 
     def local(self, name: str) -> Path | None:
         """The file's path, for a reader that maps it into memory rather than copy it."""

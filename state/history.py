@@ -7,8 +7,9 @@ it was planned on by reading their records (manifests and transaction files). A 
 under a writer that planned before it is a conflict Lance never sees: that writer's commit lands as
 if the removed commit had not happened (a row updated by both is stored twice, a deleted row comes
 back). So a purge removes an old version's *content* (its data files and index folders that the
-latest version does not use) and keeps its record; records go once older than
-``tables.VERSIONS_KEPT``, and no plan may commit after living half that long (``PLAN_LIFETIME``).
+latest version does not use) and keeps its record: the purges after ``RECORDS_KEPT`` drop it, and
+no plan may commit after living ``PLAN_LIFETIME``. A record names ids (a deletion's predicate), as
+the erasure's tombstone does, never a row's text or vector.
 """
 
 from __future__ import annotations
@@ -18,13 +19,19 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from ..errors import WarehouseError
 from .commit_retry import PlanOutlived, is_missing_file
 from .files import WarehouseFiles
 from .tables import VERSIONS_KEPT
 
 PLAN_LIFETIME = VERSIONS_KEPT / 2
-"""The longest a write may take from reading its snapshot to committing on it: the records of every
-commit made meanwhile are then certainly still there for Lance to check it against."""
+"""The longest a write may take from reading its snapshot to committing on it: every table keeps
+the records of its commits at least twice that long, so those of the commits made meanwhile are
+there for Lance to check it against (with room for the writers' clocks to disagree)."""
+
+RECORDS_KEPT = timedelta(hours=1)
+"""How long a purge keeps the records of the ``chunks`` and ``sources`` tables' older versions:
+far beyond ``PLAN_LIFETIME``, as the clocks of the hosts that stamped them may run apart."""
 
 
 def refuse_outlived_plan(taken: float, what: str, version: int) -> None:
@@ -36,7 +43,7 @@ def refuse_outlived_plan(taken: float, what: str, version: int) -> None:
 
 
 Folder = Callable[[str], WarehouseFiles]
-"""A folder under the table's own (``data``, ``_indices/<uuid>``)."""
+"""A folder inside the table's folder, by its path there (``data``, ``_indices/<uuid>``)."""
 
 
 def _content(dataset: Any) -> tuple[frozenset[str], frozenset[str]]:
@@ -57,8 +64,13 @@ def _earlier_versions(latest: Any, since: int | None) -> Iterator[Any]:
         try:
             yield latest.checkout_version(number)
         except Exception as exc:
-            if not is_missing_file(exc):  # a record pruned, or another purge dropped meanwhile
+            if not _missing_record(exc):  # a version whose record was pruned
                 raise
+
+
+def _missing_record(exc: BaseException) -> bool:
+    """Whether ``exc`` is Lance finding no manifest for a version (and not some other missing file)."""
+    return is_missing_file(exc) and "manifest" in str(exc).lower()
 
 
 class EmptiedMark:
@@ -67,25 +79,25 @@ class EmptiedMark:
     (or count) need only read the versions since."""
 
     def __init__(self, files: WarehouseFiles, table: str) -> None:
-        self._files, self._table = files, table
+        self._files, self.table = files, table
 
     def since(self, latest: Any) -> int | None:
         """The version to read from: the mark, while that version's record is there (None
         otherwise: once it is pruned, an older version may outlive it by a clock's skew)."""
-        raw = self._files.get(self._table)
+        raw = self._files.get(self.table)
         mark = int(raw) if raw is not None and raw.strip().isdigit() else 0
         if not 0 < mark <= latest.version:
             return None
         try:
             latest.checkout_version(mark)
         except Exception as exc:
-            if not is_missing_file(exc):
+            if not _missing_record(exc):
                 raise
             return None
         return mark
 
     def set(self, version: int) -> None:
-        self._files.put(self._table, str(int(version)).encode())
+        self._files.put(self.table, str(int(version)).encode())
 
 
 class _Present:
@@ -93,7 +105,7 @@ class _Present:
 
     def __init__(self, folder: Folder) -> None:
         self._folder = folder
-        self._data = set(folder("data").names())
+        self.data = set(folder("data").names())
         self._indexes: dict[str, bool] = {}
 
     def _index(self, uuid: str) -> bool:
@@ -104,12 +116,12 @@ class _Present:
     def beyond(self, dataset: Any, latest: tuple[frozenset[str], frozenset[str]]) -> tuple[set[str], set[str]]:
         """The data files and index folders of ``dataset`` that are there and ``latest`` does not use."""
         data, indexes = _content(dataset)
-        return {n for n in data - latest[0] if n in self._data}, {u for u in indexes - latest[1] if self._index(u)}
+        return {n for n in data - latest[0] if n in self.data}, {u for u in indexes - latest[1] if self._index(u)}
 
     def remove(self, data: set[str], indexes: set[str]) -> None:
         for name in sorted(data):
             self._folder("data").remove(name)
-            self._data.discard(name)
+            self.data.discard(name)
         for uuid in sorted(indexes):
             self._folder(f"_indices/{uuid}").clear()
             self._indexes[uuid] = False
@@ -120,6 +132,11 @@ def drop_superseded_content(latest: Any, folder: Folder, mark: EmptiedMark) -> i
     the versions' records, and move ``mark`` to ``latest``; returns how many versions held such
     files."""
     keep, present = _content(latest), _Present(folder)
+    if not keep[0] <= present.data:  # looking in the wrong place would remove nothing, silently
+        raise WarehouseError(
+            f"the purge of table {mark.table!r} cannot list the data files its latest version uses; "
+            "nothing was removed: check the warehouse's storage options"
+        )
     dropped = 0
     for dataset in _earlier_versions(latest, mark.since(latest)):
         data, indexes = present.beyond(dataset, keep)
@@ -130,15 +147,16 @@ def drop_superseded_content(latest: Any, folder: Folder, mark: EmptiedMark) -> i
 
 
 def versions_left(latest: Any, folder: Folder, mark: EmptiedMark) -> int:
-    """How many versions hold rows: ``latest``, and each earlier one still holding a file that
-    ``latest`` does not use (one sharing all its files with ``latest`` shows nothing it does not)."""
+    """How many versions hold content: ``latest``, and each earlier one still holding a data file
+    or index folder that ``latest`` does not use (one sharing all its files with ``latest`` shows
+    nothing it does not)."""
     keep, present = _content(latest), _Present(folder)
     return 1 + sum(any(present.beyond(dataset, keep)) for dataset in _earlier_versions(latest, mark.since(latest)))
 
 
-def prune_records(latest: Any, older_than: timedelta = VERSIONS_KEPT) -> int:
+def prune_records(latest: Any, older_than: timedelta = RECORDS_KEPT) -> int:
     """Drop the records (and any files) of versions older than ``older_than``; returns how many."""
     return int(latest.cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False).old_versions)
 
 
-__all__ = ["PLAN_LIFETIME", "EmptiedMark", "drop_superseded_content", "prune_records", "refuse_outlived_plan", "versions_left"]
+__all__ = ["PLAN_LIFETIME", "RECORDS_KEPT", "EmptiedMark", "drop_superseded_content", "prune_records", "refuse_outlived_plan", "versions_left"]

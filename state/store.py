@@ -640,8 +640,8 @@ class Store:
         return version
 
     def purge_history(self) -> dict[str, int]:
-        """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
-        indexes (both hold copies of what rows said), remove every older version's files and the
+        """Physically remove deleted rows: rewrite files holding them, rebuild the text, scalar and
+        vector indexes (all hold copies of what rows said), remove every older version's files and the
         serving index's artifacts (replicas rebuild them), so erased text and vectors are in no
         file under the warehouse. Returns, per table, how many older versions it pruned or emptied.
 
@@ -663,6 +663,10 @@ class Store:
             if name == CHUNKS and any(index.index_type == "FTS" for index in table.list_indices()):
                 retrying_conflicts(
                     lambda t=table: t.create_index("text", config=FTS(), replace=True), what="rebuilding the text index"
+                )
+            if name == CHUNKS:
+                retrying_conflicts(
+                    lambda t=table: ensure_scalar_indexes(t, rebuild=True), what="rebuilding the scalar indexes"
                 )
             if name == CHUNKS and has_vector_index(table):
                 retrying_conflicts(

@@ -185,8 +185,8 @@ def conditional_merge(dataset: Any, key: str, delete: Sequence[str] = ()) -> Any
 
 
 VERSIONS_KEPT = timedelta(minutes=5)
-"""How long an old version of an append-only table (``audit``, ``api_keys``) is kept: long enough
-for any read begun on it."""
+"""How long an old version of an append-only table (``audit``, ``api_keys``) or of the
+``directory`` is kept: long enough for any read begun on it, and twice ``history.PLAN_LIFETIME``."""
 
 
 FRAGMENT_ROWS = 10_000
