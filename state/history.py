@@ -57,7 +57,9 @@ def _earlier_versions(latest: Any, since: int | None) -> Iterator[Any]:
     """The table at each version from ``since`` (None: the oldest there is) to before ``latest``
     whose record is still there."""
     if since is None:
-        numbers: Iterable[int] = sorted(int(v["version"]) for v in latest.versions() if int(v["version"]) < latest.version)
+        numbers: Iterable[int] = sorted(
+            int(v["version"]) for v in latest.versions() if int(v["version"]) < latest.version
+        )
     else:
         numbers = range(since, latest.version)
     for number in numbers:
@@ -75,29 +77,35 @@ def _missing_record(exc: BaseException) -> bool:
 
 class EmptiedMark:
     """The latest version of a table at its last purge, kept in the warehouse's ``history``
-    folder: every earlier version holds no file that version does not use, so the next purge
-    (or count) need only read the versions since."""
+    folder with that version's commit time: every earlier version holds no file that version
+    does not use, so the next purge (or count) need only read the versions since."""
 
     def __init__(self, files: WarehouseFiles, table: str) -> None:
         self._files, self.table = files, table
 
     def since(self, latest: Any) -> int | None:
-        """The version to read from: the mark, while that version's record is there (None
-        otherwise: once it is pruned, an older version may outlive it by a clock's skew)."""
-        raw = self._files.get(self.table)
-        mark = int(raw) if raw is not None and raw.strip().isdigit() else 0
-        if not 0 < mark <= latest.version:
+        """The version to read from: the mark, while that version's record is there and was
+        committed when the mark says (None otherwise: a table restored or made again under the
+        same name has other versions of that number; a pruned mark may be outlived by an older
+        version whose host's clock ran ahead)."""
+        raw = (self._files.get(self.table) or b"").decode(errors="replace").split()
+        if len(raw) != 2 or not raw[0].isdigit() or not 0 < int(raw[0]) <= latest.version:
             return None
         try:
-            latest.checkout_version(mark)
+            marked = latest.checkout_version(int(raw[0]))
         except Exception as exc:
             if not _missing_record(exc):
                 raise
             return None
-        return mark
+        return marked.version if _stamp(marked) == raw[1] else None
 
-    def set(self, version: int) -> None:
-        self._files.put(self.table, str(int(version)).encode())
+    def set(self, latest: Any) -> None:
+        self._files.put(self.table, f"{latest.version} {_stamp(latest)}".encode())
+
+
+def _stamp(dataset: Any) -> str:
+    """When the version ``dataset`` is at was committed, as its manifest says."""
+    return dataset.get_version()["timestamp"].isoformat()
 
 
 class _Present:
@@ -142,7 +150,7 @@ def drop_superseded_content(latest: Any, folder: Folder, mark: EmptiedMark) -> i
         data, indexes = present.beyond(dataset, keep)
         present.remove(data, indexes)
         dropped += bool(data or indexes)
-    mark.set(latest.version)
+    mark.set(latest)
     return dropped
 
 
@@ -159,4 +167,12 @@ def prune_records(latest: Any, older_than: timedelta = RECORDS_KEPT) -> int:
     return int(latest.cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False).old_versions)
 
 
-__all__ = ["PLAN_LIFETIME", "RECORDS_KEPT", "EmptiedMark", "drop_superseded_content", "prune_records", "refuse_outlived_plan", "versions_left"]
+__all__ = [
+    "PLAN_LIFETIME",
+    "RECORDS_KEPT",
+    "EmptiedMark",
+    "drop_superseded_content",
+    "prune_records",
+    "refuse_outlived_plan",
+    "versions_left",
+]

@@ -56,7 +56,9 @@ class PausedWrite:
 
         def commit() -> None:
             try:
-                conditional_merge(dataset, "chunk_id").execute(pa.RecordBatchReader.from_batches(table.schema, batches()))
+                conditional_merge(dataset, "chunk_id").execute(
+                    pa.RecordBatchReader.from_batches(table.schema, batches())
+                )
             except Exception as exc:
                 self.error = exc
 
@@ -78,7 +80,9 @@ def test_a_write_planned_before_a_purge_is_refused_when_a_commit_since_touched_i
     (staff,) = warehouse.store.chunk_ids_of("staff", "acme")
     as_planned = warehouse.store.rows([staff], raw_table(warehouse.store).schema.names)[staff]
     paused = PausedWrite(warehouse, [as_planned])  # rewrites the staff row as it was before the sync
-    warehouse.sync([{"id": "staff", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "classification": "internal"}])
+    warehouse.sync(
+        [{"id": "staff", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "classification": "internal"}]
+    )
     warehouse.forget("memo", reason="erasure request", tenant="acme")  # purges every earlier version
 
     refused = paused.release()
@@ -129,7 +133,9 @@ def test_a_second_purge_empties_the_versions_written_since_the_first(two_documen
     warehouse.forget("memo", reason="erasure request", tenant="acme")
     secret = "The second code word is aardvark, erased next."
     assert warehouse.ingest_records([record("later", secret, ["group:staff"])]).ok
-    warehouse.sync([{"id": "staff", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "classification": "internal"}])
+    warehouse.sync(
+        [{"id": "staff", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "classification": "internal"}]
+    )
 
     def files_holding_it() -> list[Path]:
         return [p for p in folder.rglob("*") if p.is_file() and b"aardvark" in p.read_bytes()]
@@ -140,3 +146,25 @@ def test_a_second_purge_empties_the_versions_written_since_the_first(two_documen
     assert files_holding_it() == []
     assert report.versions_left == {"chunks": 1, "sources": 1}
     assert stored_ids(warehouse).most_common(1)[0][1] == 1
+
+
+def test_a_mark_that_is_not_this_tables_is_not_trusted(two_document_warehouse: Warehouse):
+    """A mark naming a version of the right number but another commit time (a table restored or
+    made again under the same name) would let the purge skip the versions before it."""
+    warehouse = two_document_warehouse
+    folder = warehouse.store.local_path
+    assert folder is not None
+    for group in ("group:finance", "group:staff"):  # the first re-tag's file is only in the version between
+        warehouse.sync([{"id": "memo", "tenant": "acme", "acl": {"allow": [group]}, "classification": "internal"}])
+    marks = warehouse.store.files("history")
+    assert marks is not None
+    marks.put("chunks", f"{warehouse.store.chunks_version} 1999-01-01T00:00:00".encode())
+
+    def files_holding_it() -> list[Path]:
+        return [p for p in folder.rglob("*") if p.is_file() and b"wombat" in p.read_bytes()]
+
+    assert len(files_holding_it()) >= 3, "positive control: the memo is in a file of each version of its row"
+    warehouse.forget("memo", reason="erasure request", tenant="acme")
+
+    assert files_holding_it() == []
+    assert warehouse.store.versions_left() == {"chunks": 1, "sources": 1}
