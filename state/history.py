@@ -140,7 +140,7 @@ def drop_superseded_content(latest: Any, folder: Folder, mark: EmptiedMark) -> i
     the versions' records, and move ``mark`` to ``latest``; returns how many versions held such
     files."""
     keep, present = _content(latest), _Present(folder)
-    if not keep[0] <= present.data:  # looking in the wrong place would remove nothing, silently
+    if keep[0] and not present.data:  # looking in the wrong place would remove nothing, silently
         raise WarehouseError(
             f"the purge of table {mark.table!r} cannot list the data files its latest version uses; "
             "nothing was removed: check the warehouse's storage options"

@@ -40,15 +40,14 @@ def _present(table: Any) -> dict[str, str]:
     return {index.columns[0]: index.index_type for index in table.list_indices()}
 
 
-def ensure_scalar_indexes(table: Any, *, rebuild: bool = False) -> tuple[str, ...]:
+def ensure_scalar_indexes(table: Any) -> tuple[str, ...]:
     """LABEL_LIST on the list columns, BITMAP on tenant and classification, BTREE on the ids;
-    built once, brought up to date by ``optimize`` afterwards. ``rebuild`` builds every one anew
-    from the rows there are: compaction remaps an index, keeping the values of rows it deleted."""
+    built once, brought up to date by ``optimize`` afterwards."""
     present = _present(table)
     built: list[str] = []
     for columns, config in ((LABEL_LIST_COLUMNS, LabelList), (BITMAP_COLUMNS, Bitmap), (BTREE_COLUMNS, BTree)):
         for column in columns:
-            if rebuild or column not in present:
+            if column not in present:
                 table.create_index(column, config=config(), replace=True)
                 built.append(column)
     return tuple(built)

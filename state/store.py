@@ -595,6 +595,23 @@ class Store:
             merge = merge.when_not_matched_insert_all()
         # A replay after a conflict re-checks the stamp against the newer version.
         retrying_conflicts(lambda: merge.execute(table), what="recording sources")
+        self._drop_superseded_records([(str(row["tenant"]), str(row["doc_id"])) for row in rows])
+
+    def _drop_superseded_records(self, keys: Sequence[DocumentKey]) -> None:
+        """Delete every record of ``keys`` stamped before another record of the same document.
+        Two writers recording a document that has none both insert (its two-column key cannot be
+        the table's primary key, so Lance does not see them collide); the later of them, reading
+        after its own commit, sees both, and only the latest record stays."""
+        latest: dict[DocumentKey, int] = {}
+        stale: set[DocumentKey] = set()
+        for row in self._documents_rows(self._sources, keys, ["tenant", "doc_id", "chunks_version"]):
+            key, stamp = (row["tenant"], row["doc_id"]), int(row["chunks_version"])
+            if key in latest:
+                stale.add(key)
+            latest[key] = max(stamp, latest.get(key, stamp))
+        for key in sorted(stale):
+            where = f"({sql_documents([key])}) AND chunks_version < {latest[key]}"
+            retrying_conflicts(lambda w=where: self._sources.delete(w), what="deleting a superseded source record")
 
     def forget_source(self, document: DocumentKey, *, chunks_version: int) -> None:
         """Delete a document's source record, unless a commit later than ``chunks_version`` (the
@@ -640,8 +657,8 @@ class Store:
         return version
 
     def purge_history(self) -> dict[str, int]:
-        """Physically remove deleted rows: rewrite files holding them, rebuild the text, scalar and
-        vector indexes (all hold copies of what rows said), remove every older version's files and the
+        """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
+        indexes (both hold copies of what rows said), remove every older version's files and the
         serving index's artifacts (replicas rebuild them), so erased text and vectors are in no
         file under the warehouse. Returns, per table, how many older versions it pruned or emptied.
 
@@ -663,10 +680,6 @@ class Store:
             if name == CHUNKS and any(index.index_type == "FTS" for index in table.list_indices()):
                 retrying_conflicts(
                     lambda t=table: t.create_index("text", config=FTS(), replace=True), what="rebuilding the text index"
-                )
-            if name == CHUNKS:
-                retrying_conflicts(
-                    lambda t=table: ensure_scalar_indexes(t, rebuild=True), what="rebuilding the scalar indexes"
                 )
             if name == CHUNKS and has_vector_index(table):
                 retrying_conflicts(

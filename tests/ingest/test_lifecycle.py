@@ -126,24 +126,6 @@ def test_forget_erases_the_source_and_its_derived_rows_from_every_file(lifecycle
     assert {h.doc_id for h in wh.search("office Friday", subject="user:dave", tenant="acme", k=5)} == {"staff"}
 
 
-def test_forget_leaves_no_value_of_an_erased_row_in_the_chunks_tables_indexes(lifecycle_warehouse, tmp_path):
-    """Compaction remaps the scalar indexes, keeping deleted rows' values: the chunk id (a hash of
-    the text, so it confirms a guessed text) and a label only the erased rows carried."""
-    wh = lifecycle_warehouse
-    wh.ingest_records([doc("secret", "The vendor shortlist is final.", ["group:staff"], ["wombat-7731"])])
-    erased = chunk_of(wh, "secret")
-    table_dir = tmp_path / "warehouse" / "chunks.lance"
-
-    def files_holding(value: str) -> list[str]:
-        return [str(p.relative_to(table_dir)) for p in table_dir.rglob("*") if p.is_file() and value.encode() in p.read_bytes()]
-
-    assert any(name.startswith("_indices/") for name in files_holding(erased)), "positive control: indexed before"
-    assert files_holding("wombat-7731"), "positive control: the label is on disk before forget"
-    wh.forget("secret", reason="erasure request #43")
-    assert files_holding(erased) == []
-    assert files_holding("wombat-7731") == []
-
-
 def test_forget_needs_a_reason_and_an_existing_document(lifecycle_warehouse):
     with pytest.raises(InvalidRequestError, match="reason is required"):
         lifecycle_warehouse.forget("staff", reason=" ")
