@@ -34,7 +34,7 @@ class SnapshotPurged(PlanAgain):
 
 class PlanOutlived(PlanAgain):
     """A write planned longer ago than the records of the commits since are sure to be kept
-    (``history.PLAN_LIFETIME``): committing it could miss a conflict."""
+    (``tables.PLAN_LIFETIME``): committing it could miss a conflict."""
 
     def __init__(self, what: str, version: int, seconds: float) -> None:
         super().__init__(f"{what}: planned on version {version} {seconds:.0f} s ago, too long to commit safely")

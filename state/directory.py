@@ -19,7 +19,6 @@ from typing import Any
 import pyarrow as pa
 
 from ..governance.sql import sql_string
-from .history import refuse_outlived_plan
 from .schema import DIRECTORY
 from .tables import compact_and_prune, conditional_merge, declare_primary_key, names_storage_failures, open_table
 
@@ -93,10 +92,9 @@ class DirectorySnapshot:
         with a new head row for the tenant: Lance refuses the commit (never retried here) when
         another write of this tenant committed since. Returns the new head."""
         head = DirectoryRow(tenant=self.tenant, resource_type=HEAD, resource_id=HEAD, body=uuid.uuid4().hex)
-        refuse_outlived_plan(self._taken, "a directory write", self.version)
         table = pa.Table.from_pylist([row.stored() for row in (*writes, head)], schema=DIRECTORY_SCHEMA)
         doomed = sorted({directory_key(self.tenant, kind, rid) for kind, rid in deletes})
-        conditional_merge(self._dataset, "key", doomed).execute(table)
+        conditional_merge(self._dataset, "key", doomed, planned_at=self._taken, what="a directory write").execute(table)
         return head.body
 
 

@@ -8,38 +8,23 @@ under a writer that planned before it is a conflict Lance never sees: that write
 if the removed commit had not happened (a row updated by both is stored twice, a deleted row comes
 back). So a purge removes an old version's *content* (its data files and index folders that the
 latest version does not use) and keeps its record: the purges after ``RECORDS_KEPT`` drop it, and
-no plan may commit after living ``PLAN_LIFETIME``. A record names ids (a deletion's predicate), as
+no plan may commit after living ``tables.PLAN_LIFETIME``. A record names ids (a deletion's predicate), as
 the erasure's tombstone does, never a row's text or vector.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
 from ..errors import WarehouseError
-from .commit_retry import PlanOutlived, is_missing_file
+from .commit_retry import is_missing_file
 from .files import WarehouseFiles
-from .tables import VERSIONS_KEPT
-
-PLAN_LIFETIME = VERSIONS_KEPT / 2
-"""The longest a write may take from reading its snapshot to committing on it: every table keeps
-the records of its commits at least twice that long, so those of the commits made meanwhile are
-there for Lance to check it against (with room for the writers' clocks to disagree)."""
 
 RECORDS_KEPT = timedelta(hours=1)
 """How long a purge keeps the records of the ``chunks`` and ``sources`` tables' older versions:
-far beyond ``PLAN_LIFETIME``, as the clocks of the hosts that stamped them may run apart."""
-
-
-def refuse_outlived_plan(taken: float, what: str, version: int) -> None:
-    """Raise ``PlanOutlived`` (planned again by ``retrying_conflicts``) when a write planned on
-    ``version`` at ``taken`` (``time.monotonic()``) has lived longer than ``PLAN_LIFETIME``."""
-    age = time.monotonic() - taken
-    if age > PLAN_LIFETIME.total_seconds():
-        raise PlanOutlived(what, version, age)
+far beyond ``tables.PLAN_LIFETIME``, as the clocks of the hosts that stamped them may run apart."""
 
 
 Folder = Callable[[str], WarehouseFiles]
@@ -109,10 +94,12 @@ def _stamp(dataset: Any) -> str:
 
 
 class _Present:
-    """Which of a table's content files exist, listed once and asked per version."""
+    """Which content files of a table exist beside those its ``latest`` version uses, listed once
+    and asked per version."""
 
-    def __init__(self, folder: Folder) -> None:
+    def __init__(self, folder: Folder, latest: Any) -> None:
         self._folder = folder
+        self._keep = _content(latest)
         self.data = set(folder("data").names())
         self._indexes: dict[str, bool] = {}
 
@@ -121,10 +108,11 @@ class _Present:
             self._indexes[uuid] = bool(self._folder(f"_indices/{uuid}").names())
         return self._indexes[uuid]
 
-    def beyond(self, dataset: Any, latest: tuple[frozenset[str], frozenset[str]]) -> tuple[set[str], set[str]]:
-        """The data files and index folders of ``dataset`` that are there and ``latest`` does not use."""
+    def beyond(self, dataset: Any) -> tuple[set[str], set[str]]:
+        """The data files and index folders of ``dataset`` that are there and the latest does not use."""
         data, indexes = _content(dataset)
-        return {n for n in data - latest[0] if n in self.data}, {u for u in indexes - latest[1] if self._index(u)}
+        keep_data, keep_indexes = self._keep
+        return {n for n in data - keep_data if n in self.data}, {u for u in indexes - keep_indexes if self._index(u)}
 
     def remove(self, data: set[str], indexes: set[str]) -> None:
         for name in sorted(data):
@@ -139,15 +127,15 @@ def drop_superseded_content(latest: Any, folder: Folder, mark: EmptiedMark) -> i
     """Remove every file of a version older than ``latest`` that ``latest`` does not use, keeping
     the versions' records, and move ``mark`` to ``latest``; returns how many versions held such
     files."""
-    keep, present = _content(latest), _Present(folder)
-    if keep[0] and not present.data:  # looking in the wrong place would remove nothing, silently
+    present = _Present(folder, latest)
+    if latest.get_fragments() and not present.data:  # looking in the wrong place would remove nothing
         raise WarehouseError(
             f"the purge of table {mark.table!r} cannot list the data files its latest version uses; "
             "nothing was removed: check the warehouse's storage options"
         )
     dropped = 0
     for dataset in _earlier_versions(latest, mark.since(latest)):
-        data, indexes = present.beyond(dataset, keep)
+        data, indexes = present.beyond(dataset)
         present.remove(data, indexes)
         dropped += bool(data or indexes)
     mark.set(latest)
@@ -158,8 +146,8 @@ def versions_left(latest: Any, folder: Folder, mark: EmptiedMark) -> int:
     """How many versions hold content: ``latest``, and each earlier one still holding a data file
     or index folder that ``latest`` does not use (one sharing all its files with ``latest`` shows
     nothing it does not)."""
-    keep, present = _content(latest), _Present(folder)
-    return 1 + sum(any(present.beyond(dataset, keep)) for dataset in _earlier_versions(latest, mark.since(latest)))
+    present = _Present(folder, latest)
+    return 1 + sum(any(present.beyond(dataset)) for dataset in _earlier_versions(latest, mark.since(latest)))
 
 
 def prune_records(latest: Any, older_than: timedelta = RECORDS_KEPT) -> int:
@@ -167,12 +155,4 @@ def prune_records(latest: Any, older_than: timedelta = RECORDS_KEPT) -> int:
     return int(latest.cleanup_old_versions(older_than=older_than, error_if_tagged_old_versions=False).old_versions)
 
 
-__all__ = [
-    "PLAN_LIFETIME",
-    "RECORDS_KEPT",
-    "EmptiedMark",
-    "drop_superseded_content",
-    "prune_records",
-    "refuse_outlived_plan",
-    "versions_left",
-]
+__all__ = ["RECORDS_KEPT", "EmptiedMark", "drop_superseded_content", "prune_records", "versions_left"]

@@ -10,7 +10,7 @@ or deleted meanwhile, or a row it inserts was inserted meanwhile (``chunk_id`` i
 unenforced primary key). A plan rewrites, unchanged, every row whose tags it read without
 changing them (a derived row's other parents), so a change to any of them conflicts too. A
 refused commit is never replayed: the caller plans again from a fresh snapshot
-(``commit_retry.retrying_conflicts``), as it does a plan older than ``history.PLAN_LIFETIME``
+(``commit_retry.retrying_conflicts``), as it does a plan older than ``tables.PLAN_LIFETIME``
 (Lance could no longer be sure to see every commit made since).
 """
 
@@ -24,7 +24,6 @@ from typing import Any
 import pyarrow as pa
 
 from ..governance.sql import sql_documents, sql_in_list, sql_list
-from .history import refuse_outlived_plan
 from .tables import conditional_merge
 
 DocumentKey = tuple[str, str]
@@ -105,7 +104,9 @@ class ChunksSnapshot:
         here) when a commit since then touched a row it writes or deletes. Returns the new version."""
         if write.empty:
             return self.version
-        refuse_outlived_plan(self._taken, "a chunks write", self.version)
         table = pa.Table.from_pylist([dict(row) for row in write.rows], schema=self.schema)
-        conditional_merge(self._dataset, "chunk_id", _without_nul(write.delete)).execute(table)
+        merge = conditional_merge(
+            self._dataset, "chunk_id", _without_nul(write.delete), planned_at=self._taken, what="a chunks write"
+        )
+        merge.execute(table)
         return int(self._dataset.version)

@@ -662,9 +662,9 @@ class Store:
         serving index's artifacts (replicas rebuild them), so erased text and vectors are in no
         file under the warehouse. Returns, per table, how many older versions it pruned or emptied.
 
-        The older versions' commit records stay until ``tables.VERSIONS_KEPT`` has passed
-        (``history``): a writer that planned before the purge is still checked against every
-        commit made since. Each step is retried when it loses a commit race (each converges).
+        The older versions' commit records stay until ``history.RECORDS_KEPT`` has passed: a
+        writer that planned before the purge is still checked against every commit made since.
+        Each step is retried when it loses a commit race (each converges).
         Files no version ever committed are left to Lance's own week-long grace: they may belong
         to another writer's commit in progress, and deleting those would leave its version naming
         missing files. On a store other than a local folder or S3 (whose files cannot be listed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
@@ -22,7 +23,7 @@ import pyarrow as pa
 
 from ..errors import RagwardenError, WarehouseError
 from ..governance.sql import sql_in_list
-from .commit_retry import is_commit_conflict, retrying_conflicts
+from .commit_retry import PlanOutlived, is_commit_conflict, retrying_conflicts
 
 C = TypeVar("C", bound=type)
 _OPERATION: ContextVar[str | None] = ContextVar("ragwarden_operation", default=None)
@@ -171,10 +172,25 @@ def declare_primary_key(table: Any, column: str) -> None:
     retrying_conflicts(lambda: table.set_unenforced_primary_key(column), what=f"declaring the key of {table.name}")
 
 
-def conditional_merge(dataset: Any, key: str, delete: Sequence[str] = ()) -> Any:
+VERSIONS_KEPT = timedelta(minutes=5)
+"""How long an old version of an append-only table (``audit``, ``api_keys``) or of the
+``directory`` is kept: long enough for any read begun on it, and twice ``PLAN_LIFETIME``."""
+
+PLAN_LIFETIME = VERSIONS_KEPT / 2
+"""The longest a write may take from reading its snapshot to committing on it: every table keeps
+the records of its commits at least twice that long, so those of the commits made meanwhile are
+there for Lance to check it against (with room for the writers' clocks to disagree)."""
+
+
+def conditional_merge(dataset: Any, key: str, delete: Sequence[str] = (), *, planned_at: float, what: str) -> Any:
     """The merge that writes rows by ``key`` and deletes the rows whose key is in ``delete``,
     committing only on ``dataset``'s version: Lance refuses it when a commit since touched one of
-    the same rows (``key`` is the table's unenforced primary key)."""
+    the same rows (``key`` is the table's unenforced primary key). A plan made at ``planned_at``
+    (``time.monotonic()``) longer ago than ``PLAN_LIFETIME`` raises ``PlanOutlived`` (planned again
+    by ``retrying_conflicts``): the records of the commits since may be gone."""
+    age = time.monotonic() - planned_at
+    if age > PLAN_LIFETIME.total_seconds():
+        raise PlanOutlived(what, dataset.version, age)
     merge = dataset.merge_insert(key).when_matched_update_all().when_not_matched_insert_all()
     if delete:
         merge = merge.when_not_matched_by_source_delete(f"{key} IN {sql_in_list(sorted(delete))}")
@@ -182,11 +198,6 @@ def conditional_merge(dataset: Any, key: str, delete: Sequence[str] = ()) -> Any
     # of one key would both commit. conflict_retries(0): Lance's own retry would replay rows planned
     # from this version onto a newer one.
     return merge.use_index(False).conflict_retries(0)
-
-
-VERSIONS_KEPT = timedelta(minutes=5)
-"""How long an old version of an append-only table (``audit``, ``api_keys``) or of the
-``directory`` is kept: long enough for any read begun on it, and twice ``history.PLAN_LIFETIME``."""
 
 
 FRAGMENT_ROWS = 10_000

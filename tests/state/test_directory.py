@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ragwarden.errors import WarehouseError
-from ragwarden.state import DirectoryRow, Store, history
+from ragwarden.state import DirectoryRow, Store, tables
 from ragwarden.state.commit_retry import PlanOutlived, is_commit_conflict
 
 
@@ -53,11 +53,13 @@ def test_a_directory_that_has_gone_is_refused_naming_it_never_recreated_empty(st
         Store(str(tmp_path / "warehouse"), dimension=4)
 
 
-def test_a_write_planned_longer_ago_than_a_plan_may_live_is_never_committed(store: Store, monkeypatch: pytest.MonkeyPatch):
+def test_a_write_planned_longer_ago_than_a_plan_may_live_is_never_committed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+):
     """The directory prunes old versions' records too: past ``PLAN_LIFETIME`` Lance could miss a conflict."""
     planned = store.directory.snapshot("acme")
     version = store.directory.version
-    monkeypatch.setattr(history, "PLAN_LIFETIME", timedelta(0))
+    monkeypatch.setattr(tables, "PLAN_LIFETIME", timedelta(0))
     with pytest.raises(PlanOutlived, match="a directory write: planned on version") as outlived:
         planned.commit([_user("acme", "u1", "user:zed")], [])
     assert is_commit_conflict(outlived.value)

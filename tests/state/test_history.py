@@ -4,6 +4,7 @@ checked against every commit made since (Lance reads those commits' records to f
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pytest
 from support.raw_tables import raw_table
 
-from ragwarden.state import history
+from ragwarden.state import tables
 from ragwarden.state.commit_retry import PlanOutlived, is_commit_conflict
 from ragwarden.state.snapshot import ChunkWrite
 from ragwarden.state.tables import conditional_merge
@@ -56,7 +57,7 @@ class PausedWrite:
 
         def commit() -> None:
             try:
-                conditional_merge(dataset, "chunk_id").execute(
+                conditional_merge(dataset, "chunk_id", planned_at=time.monotonic(), what="a paused write").execute(
                     pa.RecordBatchReader.from_batches(table.schema, batches())
                 )
             except Exception as exc:
@@ -115,7 +116,7 @@ def test_a_plan_older_than_its_lifetime_is_never_committed(
     planned = warehouse.store.snapshot()
     row = planned.rows([staff])[staff]
     version = warehouse.store.chunks_version
-    monkeypatch.setattr(history, "PLAN_LIFETIME", timedelta(0))
+    monkeypatch.setattr(tables, "PLAN_LIFETIME", timedelta(0))
 
     with pytest.raises(PlanOutlived, match="too long to commit safely") as outlived:
         planned.commit(ChunkWrite(rows=[{**row, "labels": ["finance"]}]))
