@@ -162,6 +162,12 @@ def _text_tuple(values: object, what: str) -> tuple[str, ...]:
     return items
 
 
+def _non_negative(value: object, what: str) -> None:
+    """Refuse an audit query's ``offset`` or ``limit`` that is not a non-negative int."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidRequestError(f"audit query {what} must be a non-negative int, got {value!r}")
+
+
 def _check_int(value: object, what: str, *, high: int, optional: bool = False) -> None:
     if value is None and optional:
         return
@@ -844,8 +850,7 @@ class AuditLog:
             if not isinstance(allowed, bool):
                 raise InvalidRequestError(f"audit query allowed must be true or false, got {allowed!r}")
             clauses.append(f"allowed = {'true' if allowed else 'false'}")
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise InvalidRequestError(f"audit query offset must be a non-negative int, got {offset!r}")
+        _non_negative(offset, "offset")
         if any_chunk_ids is not None:
             wanted = sorted({c for c in any_chunk_ids if "\x00" not in c})
             if not wanted:
@@ -864,8 +869,8 @@ class AuditLog:
             clauses.append(f"time >= {_timestamp_literal(since, 'since')}")
         if until is not None:
             clauses.append(f"time < {_timestamp_literal(until, 'until')}")
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-            raise InvalidRequestError(f"audit query limit must be a non-negative int, got {limit!r}")
+        if limit is not None:
+            _non_negative(limit, "limit")
 
         total, shown = self._table.page(" AND ".join(f"({clause})" for clause in clauses) or None, offset=offset, limit=limit)
         return total, [self._stored(row) for row in shown]

@@ -14,7 +14,7 @@ import io
 import os
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -266,6 +266,11 @@ def _unlistable(errors: list[OSError]) -> Iterator[Rejected]:
         yield Rejected(source=str(error.filename), reason=f"cannot list: {error.strerror or error}")
 
 
+def distinct_inputs(paths: Iterable[Path | str]) -> list[Path]:
+    """The inputs as absolute paths, in order, each once: an input given twice is read once."""
+    return list(dict.fromkeys(Path(os.path.abspath(p)) for p in paths))
+
+
 @dataclass(frozen=True)
 class _Loader:
     manifest: _Manifest | None
@@ -275,7 +280,7 @@ class _Loader:
 
     def outcomes(self, paths: list[Path]) -> Iterator[Outcome]:
         excluded = Path(os.path.abspath(self.manifest.path)) if self.manifest else None
-        for given in dict.fromkeys(Path(os.path.abspath(p)) for p in paths):  # an input given twice is read once
+        for given in distinct_inputs(paths):
             if given == excluded:
                 continue  # the manifest governs, it is not a document
             named = not given.is_dir()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 import time
@@ -17,8 +16,8 @@ from tqdm import tqdm
 
 from ..embedder import Embedder
 from ..state import Store
-from .files import RECORD_SUFFIXES, iter_file_sources, walk_documents
-from .records import Outcome, Rejected, Skipped, SourceRecord, read_jsonl
+from .files import RECORD_SUFFIXES, distinct_inputs, iter_file_sources, walk_documents
+from .records import Outcome, Rejected, Skipped, SourceRecord, open_jsonl, read_jsonl
 from .writer import BatchResult, DocumentWriter
 
 
@@ -83,7 +82,7 @@ def iter_sources(
 ) -> Iterator[Outcome]:
     """Every outcome of every input: JSONL files record by record, other paths as documents."""
     files: list[Path] = []
-    for path in dict.fromkeys(Path(os.path.abspath(raw)) for raw in paths):  # an input given twice is read once
+    for path in distinct_inputs(paths):
         if not path.exists():
             yield Rejected(source=str(path), reason="no such file or folder")
         elif path.is_file() and _is_jsonl(path):
@@ -102,7 +101,7 @@ def count_inputs(paths: Sequence[Path | str], *, manifest: Path | None = None) -
     sidecars and the manifest left out). Reading is cheap beside embedding what is read."""
     excluded = Path(os.path.abspath(manifest)) if manifest is not None else None
     found = 0
-    for path in dict.fromkeys(Path(os.path.abspath(raw)) for raw in paths):
+    for path in distinct_inputs(paths):
         if path.is_dir():  # the walk the loader takes (a folder it cannot list counts one, as its refusal)
             for candidate in walk_documents(path, excluded):
                 file = None if isinstance(candidate, Rejected) else candidate[0]
@@ -115,7 +114,7 @@ def count_inputs(paths: Sequence[Path | str], *, manifest: Path | None = None) -
 def _records_in(path: Path) -> int:
     """The non-blank lines of a JSONL file (gzipped or not); 1 if it cannot be read (its outcome says why)."""
     try:
-        with (gzip.open if path.suffix.lower() == ".gz" else open)(path, "rb") as handle:
+        with open_jsonl(path) as handle:
             return sum(1 for line in handle if line.strip())
     except (OSError, EOFError, zlib.error):
         return 1

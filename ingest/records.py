@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import InvalidSourceError
 from ..governance.tags import Classification, GovernanceTags, label_problem, principal_problem, tenant_problem
@@ -227,14 +227,18 @@ def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:
     return floats
 
 
+def open_jsonl(path: Path) -> BinaryIO:
+    """A JSONL file's bytes, unzipped when it is gzipped (``.gz``, in any case)."""
+    return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
+
+
 def read_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Outcome]:
     """Records of a JSONL file (``.jsonl`` or ``.jsonl.gz``), one outcome per non-blank line. A
     line over ``max_line_bytes`` is refused without being held in memory; a damaged gzip stream
     refuses the rest of the file, naming the line where it broke."""
-    opener = gzip.open if path.suffix.lower() == ".gz" else open
     number = 0
     try:
-        with opener(path, "rb") as handle:
+        with open_jsonl(path) as handle:
             while raw := handle.readline(max_line_bytes + 1):
                 number += 1
                 origin = f"{path}:{number}"
