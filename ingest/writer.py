@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -18,6 +18,7 @@ import numpy as np
 
 from ..embedder import Embedder
 from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
+from ..state.commit_retry import is_missing_file
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
 from .records import SourceRecord, document_version
@@ -178,18 +179,47 @@ class DocumentWriter:
         keys = [r.key for r in plan.changed]
         new_rows = {str(row["chunk_id"]): row for row in chunk_rows}
 
-        def replace(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, None]:
+        def replace(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, int]:
             """The documents' chunks become ``chunk_rows`` in one commit: old chunks go in the commit
             that adds the new ones, and rows derived from them are re-tagged (or, when their parent
             chunk goes, removed) in it too, all read from the snapshot the commit is made on."""
             old_ids = snapshot.chunk_ids_of_documents(keys)
             lineage = rederive(snapshot, self.store.clause_registry(), {cid: new_rows.get(cid) for cid in old_ids})
             gone = [cid for cid in old_ids if cid not in new_rows]
-            return ChunkWrite(rows=[*chunk_rows, *lineage.rows], delete=[*gone, *lineage.orphans]), None
+            return ChunkWrite(rows=[*chunk_rows, *lineage.rows], delete=[*gone, *lineage.orphans]), snapshot.version
 
-        _, version = self.store.write_chunks(replace, what="writing documents")
+        planned, version = self.store.write_chunks(replace, what="writing documents")
+        if version > planned + 1:  # other commits landed between this plan and its commit
+            self._drop_strays(keys, new_rows.keys(), version)
         self.store.record_sources(source_rows, chunks_version=version)
         return BatchResult(written=keys, unchanged=plan.unchanged, chunks=len(chunk_rows))
+
+    def _drop_strays(self, keys: Sequence[DocumentKey], written: Collection[str], version: int) -> None:
+        """Delete the chunks of ``keys`` that another ingest committed between this one's plan and
+        its commit at ``version``, with the rows derived from them.
+
+        Why: two ingests of a document that has no chunks (new, or just erased) each find nothing to
+        replace and insert their own text's chunks. The ids differ (they hash the text), so Lance
+        sees no conflict and both commit. The later commit stands, as its source record does (it is
+        stamped later), so the chunks of the earlier, there at the later's version beside its own,
+        go as they would have had the later seen them. Only a commit made on top of others can be
+        that later one: a lone writer never pays this read.
+        """
+        try:
+            strays = set(self.store.snapshot(version).chunk_ids_of_documents(keys)) - set(written)
+        except Exception as exc:
+            if not is_missing_file(exc):
+                raise
+            return  # that version's files were purged already (rewritten since): nothing to read it by
+        if not strays:
+            return
+
+        def drop(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, None]:
+            present = sorted(strays.intersection(snapshot.chunk_ids_of_documents(keys)))
+            lineage = rederive(snapshot, self.store.clause_registry(), dict.fromkeys(present))
+            return ChunkWrite(rows=lineage.rows, delete=[*present, *lineage.orphans]), None
+
+        self.store.write_chunks(drop, what="removing chunks a concurrent ingest wrote")
 
     def _chunk_row(
         self, record: SourceRecord, chunk: Chunk, cid: str, vectors: dict[str, list[float]], now: datetime

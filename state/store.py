@@ -644,9 +644,10 @@ class Store:
         latest version (without vectors)."""
         return self.snapshot().derived_from(chunk_ids, self._columns_but_vector)
 
-    def snapshot(self) -> ChunksSnapshot:
-        """The ``chunks`` table pinned at its latest version."""
-        return ChunksSnapshot(self._chunks.to_lance())
+    def snapshot(self, version: int | None = None) -> ChunksSnapshot:
+        """The ``chunks`` table pinned at ``version`` (None: its latest)."""
+        dataset = self._chunks.to_lance()
+        return ChunksSnapshot(dataset if version is None else dataset.checkout_version(version))
 
     def delete(self, chunk_ids: Iterable[str], document: DocumentKey) -> int:
         """Delete rows, then their source record: no row ever outlives the record of where it came

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.racing import racing
 from support.raw_tables import raw_table
 
 from ragwarden.errors import InvalidRequestError, NotFoundError, WarehouseError
@@ -195,33 +196,12 @@ def test_forget_leaves_another_tenants_document_named_like_one_of_its_chunks(lif
     assert wh.store.document_tenants(staff_chunk) == ["globex"]
 
 
-def _racing(first: Warehouse, monkeypatch: pytest.MonkeyPatch, rival: object) -> list[int]:
-    """Make ``first``'s next write run ``rival()`` (another replica's write) right after planning its
-    first attempt: the rival commits while ``first`` holds a plan made from the version before.
-    Returns the versions each attempt planned from."""
-    planned: list[int] = []
-    write_chunks = first.store.write_chunks
-
-    def interleaved(plan, *, what):
-        def plan_then_race(snapshot):
-            result = plan(snapshot)
-            planned.append(snapshot.version)
-            if len(planned) == 1:
-                rival()  # type: ignore[operator]
-            return result
-
-        return write_chunks(plan_then_race, what=what)
-
-    monkeypatch.setattr(first.store, "write_chunks", interleaved)
-    return planned
-
-
 def test_a_sync_that_loses_a_commit_race_derives_again_from_the_winners_tags(lifecycle_warehouse, monkeypatch):
     wh = lifecycle_warehouse
     note = wh.derive("Revenue up; office closes early Friday.", parents=[chunk_of(wh, "fin"), chunk_of(wh, "staff")],
                      subject="user:alice", tenant="acme")  # fmt: skip
     replica = Warehouse(wh.settings, embedder=wh.embedder)  # a second handle: another replica
-    planned = _racing(wh, monkeypatch, lambda: replica.sync([doc("staff", "", ["group:staff"], ["hr"])]))
+    planned = racing(wh, monkeypatch, lambda: replica.sync([doc("staff", "", ["group:staff"], ["hr"])]))
     wh.sync([doc("fin", "", ["user:alice"], ["finance"], "confidential")])  # narrowed: finance -> alice only
     assert len(planned) == 2 and planned[1] > planned[0], "the losing sync planned again, from the winner's version"
     tags = wh.store.rows([note.chunk_id])[note.chunk_id]
@@ -234,7 +214,7 @@ def test_a_derive_racing_a_sync_of_its_parent_takes_the_parents_new_tags(lifecyc
     wh = lifecycle_warehouse
     replica = Warehouse(wh.settings, embedder=wh.embedder)
     retag = doc("staff", "", ["group:staff"], ["finance"], deny=["user:dave"])  # alice may still read it
-    planned = _racing(wh, monkeypatch, lambda: replica.sync([retag]))
+    planned = racing(wh, monkeypatch, lambda: replica.sync([retag]))
     note = wh.derive("Office closes early Friday.", parents=[chunk_of(wh, "staff")], subject="user:alice", tenant="acme")
     assert len(planned) == 2
     assert note.tags.labels == frozenset({"finance"}) and note.tags.acl_deny == frozenset({"user:dave"})
@@ -246,7 +226,7 @@ def test_a_derive_racing_the_erasure_of_its_parent_is_refused_and_leaves_no_row(
     wh = lifecycle_warehouse
     parent = chunk_of(wh, "staff")
     replica = Warehouse(wh.settings, embedder=wh.embedder)
-    _racing(wh, monkeypatch, lambda: replica.forget("staff", reason="erasure request", tenant="acme"))
+    racing(wh, monkeypatch, lambda: replica.forget("staff", reason="erasure request", tenant="acme"))
     with pytest.raises(NotFoundError):
         wh.derive("Office closes early Friday.", parents=[parent], subject="user:alice", tenant="acme")
     assert [r for r in raw_table(wh.store).search().select(["chunk_id", "kind"]).limit(None).to_list() if r["kind"] != "chunk"] == []

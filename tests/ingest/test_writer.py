@@ -6,6 +6,7 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.racing import racing
 from support.raw_tables import raw_table
 
 from ragwarden.config import Settings
@@ -109,6 +110,35 @@ def test_changed_document_replaces_its_chunks_so_no_version_shows_both_or_neithe
         seen_versions |= doc_versions
     assert len(seen_versions) == 3
     assert [r["text"] for r in chunk_rows(fresh_warehouse, "doc-1")] == ["A short third version."]
+
+
+@pytest.mark.parametrize("state", ["new", "just erased"])
+def test_two_ingests_of_a_document_without_chunks_at_once_leave_only_the_later_commits_text(
+    demo_policy_warehouse, make_record, monkeypatch, state
+):
+    wh = demo_policy_warehouse
+    if state == "just erased":
+        wh.ingest_records([make_record(text="The original travel policy.")])
+        wh.forget("doc-1", tenant="acme", reason="erasure request")
+    replica = Warehouse(wh.settings, embedder=wh.embedder)  # a second handle: another replica
+    wider = make_record(text="Draft: the travel budget is open to everyone.", acl={"allow": ["group:staff"], "deny": []})
+    narrower = make_record(text="Final: the travel budget is for finance only.")
+    notes: list[str] = []
+
+    def rival() -> None:  # ingests the document, and derives a note from it, between our plan and commit
+        assert replica.ingest_records([wider]).ok
+        parent = replica.store.chunk_ids_of("doc-1", "acme")
+        notes.append(replica.derive("Travel is open.", parents=parent, subject="user:alice", tenant="acme").chunk_id)
+
+    racing(wh, monkeypatch, rival)
+    assert wh.ingest_records([narrower]).ok
+    assert notes, "the rival committed between our plan and our commit"
+    rows = chunk_rows(wh, "doc-1")
+    assert [r["text"] for r in rows] == [narrower["text"]]
+    assert {r["kind"] for r in rows} == {"chunk"} and sorted(rows[0]["acl_allow"]) == ["group:finance"]
+    assert wh.store.rows(notes) == {}, "the note derived from the superseded text went with it"
+    (record,) = raw_table(wh.store, "sources").to_arrow().to_pylist()
+    assert record["doc_version"] == rows[0]["doc_version"]
 
 
 def test_retagging_keeps_vectors_byte_identical_without_reembedding(tmp_path, make_record):

@@ -1,0 +1,30 @@
+"""Two replicas' writes interleaved at the one point that matters: between a write's plan and its
+commit. Replaying the interleaving deterministically shows what a stress finds only by chance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def racing(first: Any, monkeypatch: pytest.MonkeyPatch, rival: Callable[[], object]) -> list[int]:
+    """Make ``first``'s next write run ``rival()`` (another replica's write) right after planning its
+    first attempt: the rival commits while ``first`` holds a plan made from the version before.
+    Returns the versions each attempt planned from."""
+    planned: list[int] = []
+    write_chunks = first.store.write_chunks
+
+    def interleaved(plan, *, what):  # type: ignore[no-untyped-def]
+        def plan_then_race(snapshot):  # type: ignore[no-untyped-def]
+            result = plan(snapshot)
+            planned.append(snapshot.version)
+            if len(planned) == 1:
+                rival()
+            return result
+
+        return write_chunks(plan_then_race, what=what)
+
+    monkeypatch.setattr(first.store, "write_chunks", interleaved)
+    return planned
