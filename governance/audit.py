@@ -12,9 +12,10 @@ chains form one legacy chain (no chain id, hashed without it) and keep verifying
 Writers never read each other's rows: within a process one appender commits the receipts of
 concurrent callers together (``appender.GroupCommit``), each caller returning once its receipt is
 durable, and processes append side by side without a race for a shared head. A group commit is
-one file of the receipts' journal (``state.audit_journal``); a thread of the writer folds its
-files into the table every ``FOLD_AFTER_S`` (or ``FOLD_ROWS``), and at exit. A writer that
-cannot tell whether a commit landed starts a new chain rather than risk a fork.
+one record of the writer's segment of the receipts' journal locally, one file on object storage
+(``state.audit_journal``); a thread of the writer folds what it journaled into the table every
+``FOLD_AFTER_S`` (or ``FOLD_ROWS``), and at exit. A writer that cannot tell whether a commit
+landed starts a new chain rather than risk a fork.
 
 Checkpoints bind every chain's head at one moment into one hash, a Merkle tree root over the
 heads (as RFC 6962 logs sign tree heads). Writers take one every ``checkpoint_every`` receipts,

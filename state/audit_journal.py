@@ -1,29 +1,36 @@
-"""The receipts' journal: each group commit of receipts as one small Arrow file, durable before
-it is in the ``audit`` table, then folded into the table in bulk.
+"""The receipts' journal: each group commit of receipts durable before it is in the ``audit``
+table, then folded into the table in bulk.
 
 Why: a Lance commit costs 3 to 10 ms and leaves a table version, and a search answers only once
-its receipt is durable. Writing the batch as one Arrow IPC file under ``audit_journal/`` costs
-about a quarter of a millisecond locally (written, then renamed into place) and one PUT on object
-storage, where a new object appears whole or not at all. A writer folds its files into the
-table every few hundred receipts or second (``AuditTable.fold``), one commit for all of them.
-Readers read the journal and then the table, so a receipt is in the log from the moment its file
-exists, and one folded meanwhile is found in one place or the other, never in neither.
+its receipt is durable. In a local folder a writer appends each group commit to its own segment,
+a file mapped into memory (``journal_segments``: no system call, nothing that waits for the
+interpreter lock); on object storage each group commit is one small Arrow IPC file, one PUT, a new
+object appearing whole or not at all. A writer folds what it journaled into the table every
+thousand receipts or second (``AuditTable.fold``), one commit for all of it. Readers read the
+journal and then the table, so a receipt is in the log from the moment it is journaled, and one
+folded meanwhile is found in one place or the other, never in neither.
 
-A file's name says whose receipts it holds: ``<chain>-<first seq>-<last seq>-<unix ms>.arrow``.
+An Arrow file's name says whose receipts it holds: ``<chain>-<first seq>-<last seq>-<unix ms>.arrow``;
+a segment's, when it was started (``<unix ms>-<token>.receipts``).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
-import time
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 from pyarrow import ipc
 
 from .files import WarehouseFiles, warehouse_files
+from .journal_segments import SEAL_AFTER_S, SEGMENT_BYTES, JournalSegment, OpenSegment, decode, in_use, now_ms, to_table
 from .schema import AUDIT_SCHEMA
+from .tables import local_path
 
 JOURNAL = "audit_journal"
 """The journal's folder in the warehouse, beside the tables."""
@@ -53,8 +60,8 @@ class JournalFile:
         return cls(chain=found["chain"], first=int(found["first"]), last=int(found["last"]),
                    written_ms=int(found["written"]))  # fmt: skip
 
-    def age_s(self, now_ms: int | None = None) -> float:
-        return ((now_ms if now_ms is not None else _now_ms()) - self.written_ms) / 1000
+    def age_s(self, now: int | None = None) -> float:
+        return ((now if now is not None else now_ms()) - self.written_ms) / 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,62 +70,122 @@ class JournalRead:
     be read as receipts (gone files are not problems: they were folded meanwhile)."""
 
     rows: pa.Table
-    read: tuple[JournalFile, ...]
+    read: tuple[Journaled, ...]
     problems: tuple[str, ...]
 
 
-class ReceiptJournal:
-    """The journal of one warehouse: write a batch of receipts, list, read and remove files."""
+Journaled = JournalFile | JournalSegment
+"""A file of the journal: an Arrow file of one group commit, or a writer's segment."""
 
-    def __init__(self, files: WarehouseFiles) -> None:
+
+class ReceiptJournal:
+    """The journal of one warehouse: write a group commit of receipts, list, read and remove files."""
+
+    def __init__(self, files: WarehouseFiles, segments: Path | None = None) -> None:
+        """``segments``: the journal's local folder, where group commits go to segments; None on
+        object storage, where each is a file."""
         self._files = files
+        self._segments = segments
+        self._open: OpenSegment | None = None
+        self._held: dict[str, OpenSegment] = {}  # this writer's segments, locked until removed
+        self._lock = threading.Lock()
 
     @classmethod
     def of(cls, uri: str, storage_options: Mapping[str, str]) -> ReceiptJournal | None:
         """The journal of the warehouse at ``uri``: a folder locally, a prefix on S3; None for other
         stores, whose receipts then go straight to the table (one commit per group commit)."""
         files = warehouse_files(uri, storage_options, JOURNAL)
-        return None if files is None else cls(files)
+        root = local_path(uri)
+        return None if files is None else cls(files, None if root is None else root / JOURNAL)
 
-    def write(self, rows: pa.Table, *, chain: str, first: int, last: int) -> JournalFile:
-        """Store ``rows`` (receipts ``first``..``last`` of ``chain``) as one file, durable on return."""
-        written = JournalFile(chain=chain, first=first, last=last, written_ms=_now_ms())
+    def write(self, body: bytes, *, chain: str, first: int, last: int) -> Journaled:
+        """Make ``body`` (receipts ``first``..``last`` of ``chain``, ``journal_segments.encode``d)
+        durable, all or none; returns the file holding it."""
+        if self._segments is None:
+            return self._write_file(body, chain=chain, first=first, last=last)
+        with self._lock:
+            segment = self._open
+            if segment is None or not segment.takes(body):
+                segment = self._open = OpenSegment(self._segments, max(SEGMENT_BYTES, 4 * len(body)))
+                self._held[segment.file.name] = segment
+            segment.append(body)
+            return segment.file
+
+    def _write_file(self, body: bytes, *, chain: str, first: int, last: int) -> JournalFile:
+        written = JournalFile(chain=chain, first=first, last=last, written_ms=now_ms())
         sink = pa.BufferOutputStream()
         with ipc.new_file(sink, AUDIT_SCHEMA) as out:
-            out.write_table(rows)
+            out.write_table(to_table([body]))
         self._files.put(written.name, sink.getvalue().to_pybytes())
         return written
 
-    def files(self) -> list[JournalFile]:
-        """Every journal file now present, oldest first."""
-        found = [parsed for name in self._files.names() if (parsed := JournalFile.parse(name)) is not None]
-        return sorted(found, key=lambda file: (file.written_ms, file.chain, file.first))
+    def seal(self) -> None:
+        """End this writer's segment: whatever was written before is in files no one writes again,
+        so they can be folded and removed (each stays locked, as its writer's, until removed); the
+        next write starts a new segment."""
+        with self._lock:  # no system call here: a group commit may be waiting for the lock
+            self._open = None
 
-    def read(self, files: Sequence[JournalFile]) -> JournalRead:
+    def files(self) -> list[Journaled]:
+        """Every journal file now present, oldest first."""
+        found: list[Journaled] = []
+        for name in self._files.names():
+            parsed = JournalFile.parse(name) or JournalSegment.parse(name)
+            if parsed is not None:
+                found.append(parsed)
+        return sorted(found, key=lambda file: (file.written_ms, file.name))
+
+    def abandoned(self, file: Journaled) -> bool:
+        """Whether no live writer appends to ``file`` any more (an Arrow file never changes)."""
+        path = self._files.local(file.name)
+        return not isinstance(file, JournalSegment) or path is None or not in_use(path)
+
+    def read(self, files: Sequence[Journaled]) -> JournalRead:
         """The receipts of ``files``; a file that is gone (folded meanwhile) is skipped."""
         tables: list[pa.Table] = []
-        read: list[JournalFile] = []
+        read: list[Journaled] = []
         problems: list[str] = []
         for file in files:
-            data = self._files.get(file.name)
-            if data is None:
-                continue
             try:
-                table = ipc.open_file(pa.BufferReader(data)).read_all()
-                if not table.schema.equals(AUDIT_SCHEMA, check_metadata=False):
-                    raise ValueError(f"its schema is {table.schema}, not the receipts'")
-            except (pa.ArrowException, ValueError) as exc:
+                table = self._read_segment(file) if isinstance(file, JournalSegment) else self._read_file(file)
+            except FileNotFoundError:
+                continue
+            except (pa.ArrowException, ValueError, TypeError, KeyError) as exc:
                 problems.append(f"journal file {file.name}: cannot be read as receipts ({str(exc).splitlines()[0]})")
                 continue
-            tables.append(table.cast(AUDIT_SCHEMA))
+            tables.append(table)
             read.append(file)
         rows = pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()
         return JournalRead(rows=rows, read=tuple(read), problems=tuple(problems))
 
-    def remove(self, files: Sequence[JournalFile]) -> None:
+    def _read_file(self, file: JournalFile) -> pa.Table:
+        data = self._files.get(file.name)
+        if data is None:
+            raise FileNotFoundError(file.name)
+        table = ipc.open_file(pa.BufferReader(data)).read_all()
+        if not table.schema.equals(AUDIT_SCHEMA, check_metadata=False):
+            raise ValueError(f"its schema is {table.schema}, not the receipts'")
+        return table.cast(AUDIT_SCHEMA)
+
+    def _read_segment(self, file: JournalSegment) -> pa.Table:
+        path = self._files.local(file.name)
+        if path is None:
+            raise FileNotFoundError(file.name)
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0:  # being created
+                return AUDIT_SCHEMA.empty_table()
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                bodies, problem = decode(mapped, settled=file.age_s() > SEAL_AFTER_S + 1)
+        if problem is not None:
+            raise ValueError(problem)
+        return to_table(bodies)
+
+    def remove(self, files: Sequence[Journaled]) -> None:
         for file in files:
             self._files.remove(file.name)
+            with self._lock:
+                held = None if self._open is not None and self._open.file == file else self._held.pop(file.name, None)
+            if held is not None:
+                held.release()
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -27,8 +27,9 @@ import pyarrow.compute as pc
 
 from ..errors import WarehouseError
 from ..governance.sql import sql_in_list
-from .audit_journal import JournalFile, ReceiptJournal
+from .audit_journal import Journaled, ReceiptJournal
 from .commit_retry import retrying_conflicts
+from .journal_segments import encode, to_table
 from .schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SCHEMA, CHECKPOINT_SCHEMA
 from .tables import (
     compact_and_prune,
@@ -68,7 +69,7 @@ class AuditTable:
         self.uri: str = db.uri
         self._db = db
         self._journal = journal
-        self._pending: list[tuple[JournalFile, pa.Table]] = []  # this process's files, oldest first
+        self._pending: list[tuple[Journaled, bytes, int]] = []  # this process's group commits, oldest first
         self._pending_pid = os.getpid()
         self._pending_lock = threading.Lock()
         self._folding = threading.Lock()
@@ -135,20 +136,20 @@ class AuditTable:
 
     def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Make ``rows`` (consecutive receipts of one chain) durable at once, all or none: one
-        journal file, or where the warehouse has no journal a plain append to the table (which never
-        conflicts with another writer's append or with a compaction)."""
-        table = pa.Table.from_pylist([dict(row) for row in rows], schema=AUDIT_SCHEMA)
+        journal write, or where the warehouse has no journal a plain append to the table (which
+        never conflicts with another writer's append or with a compaction)."""
         if self._journal is None:
-            self._table.add(table)
+            self._table.add(pa.Table.from_pylist([dict(row) for row in rows], schema=AUDIT_SCHEMA))
             return
         chain = rows[0]["chain"]
         if not chain or any(row["chain"] != chain for row in rows):
-            raise ValueError("a journal file holds receipts of one (non-legacy) chain")
-        written = self._journal.write(table, chain=chain, first=rows[0]["seq"], last=rows[-1]["seq"])
-        with self._pending_lock:
-            self._own_pending().append((written, table))
+            raise ValueError("a group commit journals receipts of one (non-legacy) chain")
+        body = encode(rows)
+        with self._pending_lock:  # a fold seals and takes what is journaled, never half of a write
+            written = self._journal.write(body, chain=chain, first=rows[0]["seq"], last=rows[-1]["seq"])
+            self._own_pending().append((written, body, len(rows)))
 
-    def _own_pending(self) -> list[tuple[JournalFile, pa.Table]]:
+    def _own_pending(self) -> list[tuple[Journaled, bytes, int]]:
         """This process's unfolded files (a forked child starts with none: the parent folds its own)."""
         if self._pending_pid != os.getpid():
             self._pending_pid, self._pending = os.getpid(), []
@@ -160,7 +161,7 @@ class AuditTable:
             own = list(self._own_pending())
         if not own:
             return 0, 0.0
-        return sum(table.num_rows for _, table in own), own[0][0].age_s()
+        return sum(count for _, _, count in own), own[0][0].age_s()
 
     def fold(self, *, orphaned_after: timedelta | None = ORPHANED_AFTER) -> int:
         """Move this writer's journal files into the table in one commit, then (unless
@@ -172,23 +173,26 @@ class AuditTable:
         with self._folding:
             with self._pending_lock:
                 own = list(self._own_pending())
+                if own:
+                    self._journal.seal()
             moved = 0
             if own:
-                self._table.add(pa.concat_tables([table for _, table in own]))
-                self._journal.remove([file for file, _ in own])
+                self._table.add(to_table([body for _, body, _ in own]))
+                self._journal.remove(list(dict.fromkeys(file for file, _, _ in own)))
                 with self._pending_lock:
                     del self._own_pending()[: len(own)]
-                moved += sum(table.num_rows for _, table in own)
+                moved += sum(count for _, _, count in own)
             if orphaned_after is not None:
-                moved += self._fold_orphans(orphaned_after, {file.name for file, _ in own})
+                moved += self._fold_orphans(orphaned_after, {file.name for file, _, _ in own})
             return moved
 
     def _fold_orphans(self, orphaned_after: timedelta, own: set[str]) -> int:
         assert self._journal is not None
         with self._pending_lock:
-            own |= {file.name for file, _ in self._own_pending()}
+            own |= {file.name for file, _, _ in self._own_pending()}
         limit = orphaned_after.total_seconds()
-        orphans = [file for file in self._journal.files() if file.name not in own and file.age_s() >= limit]
+        orphans = [file for file in self._journal.files()
+                   if file.name not in own and file.age_s() >= limit and self._journal.abandoned(file)]  # fmt: skip
         if not orphans:
             return 0
         found = self._journal.read(orphans)

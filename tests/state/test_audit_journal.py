@@ -1,28 +1,30 @@
-"""The receipts' journal: a receipt is in the log from the moment its journal file exists, every
-reader sees it there or in the table (never twice, never in neither), a writer folds its files
-into the table in bulk, files a killed writer left are folded once by whoever comes next, and a
-journal file tampered with is caught by verify like a row of the table."""
+"""The receipts' journal: a receipt is in the log from the moment it is journaled, every reader
+sees it there or in the table (never twice, never in neither), a writer folds its segments into
+the table in bulk, segments a killed writer left are folded once by whoever comes next (never a
+live writer's), and a journal file tampered with is caught by verify like a row of the table."""
 
 from __future__ import annotations
 
+import binascii
 import json
 import multiprocessing
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import lancedb
-import pyarrow as pa
 import pytest
-from pyarrow import ipc
 from support.audit_writers import journal_and_die, journaled_log, receipt
 
 from ragwarden.governance import audit as audit_module
 from ragwarden.governance.audit import AuditLog
-from ragwarden.state.audit_journal import JOURNAL, JournalFile, ReceiptJournal
+from ragwarden.state import audit_journal
+from ragwarden.state import journal_segments as segments
+from ragwarden.state.audit_journal import JOURNAL, Journaled, JournalFile, ReceiptJournal
 from ragwarden.state.audit_table import AuditTable
 from ragwarden.state.schema import AUDIT
 
@@ -35,7 +37,7 @@ def table_version(folder: Path) -> int:
     return int(lancedb.connect(folder).open_table(AUDIT).version)
 
 
-def journal_files(folder: Path) -> list[JournalFile]:
+def journal_files(folder: Path) -> list[Journaled]:
     return ReceiptJournal.of(str(folder), {}).files()  # type: ignore[union-attr]
 
 
@@ -47,10 +49,12 @@ def unfolding(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def journaled_receipts(tmp_path: Path, unfolding: None) -> Iterator[tuple[Path, AuditLog]]:
-    """Five receipts of one writer, each its own group commit, all still in the journal."""
+    """Five receipts of one writer, each its own group commit in a segment of its own (sealed
+    after it), all still in the journal."""
     log = journaled_log(tmp_path)
     for n in range(5):
         log.append(receipt(n))
+        log._table._journal.seal()
     yield tmp_path, log
 
 
@@ -65,6 +69,16 @@ def test_a_receipt_is_in_the_log_from_its_journal_file_before_any_fold(
     assert [found.seq for found in reader.query(chunk_id="c3")] == [4]
     report = reader.verify()
     assert report.ok and report.receipts == 5 and report.chains == 1
+
+
+def test_a_writers_group_commits_go_to_one_segment_until_a_fold_seals_it(tmp_path: Path, unfolding: None) -> None:
+    log = journaled_log(tmp_path)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: log.append(receipt(n)), range(40)))
+    assert log._appender.batches > 1 and len(journal_files(tmp_path)) == 1  # many group commits, one file
+    assert log.fold() == 40 and journal_files(tmp_path) == []
+    log.append(receipt(40))  # the next receipt starts a new segment
+    assert len(journal_files(tmp_path)) == 1 and log.count() == 41 and log.verify().ok
 
 
 def test_a_fold_moves_every_waiting_file_in_one_commit_and_each_receipt_stays_once(
@@ -178,28 +192,76 @@ def test_another_writer_leaves_a_fresh_journal_file_to_its_own_writer(
 
 
 def _rewrite(path: Path, change: Any) -> None:
-    rows = ipc.open_file(pa.memory_map(str(path))).read_all().to_pylist()
+    """Rewrite a one-record segment's rows, as someone who can write the folder would: with a
+    length and checksum that match, so only the chain can tell."""
+    data = path.read_bytes()
+    length, _ = struct.unpack_from("<II", data, len(segments.MAGIC))
+    start = len(segments.MAGIC) + 8
+    rows = [json.loads(line) for line in data[start : start + length].splitlines()]
     change(rows)
-    table = pa.Table.from_pylist(rows, schema=ipc.open_file(pa.memory_map(str(path))).schema)
-    with ipc.new_file(str(path), table.schema) as out:
-        out.write_table(table)
+    body = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    path.write_bytes(segments.MAGIC + struct.pack("<II", len(body), binascii.crc32(body)) + body)
 
 
 def test_an_edited_receipt_in_the_journal_is_caught_by_verify(journaled_receipts: tuple[Path, AuditLog]) -> None:
     folder, log = journaled_receipts
     file = journal_files(folder)[2]
     _rewrite(folder / JOURNAL / file.name, lambda rows: rows[0].update(subject="user:mallory"))
+    chain = log.query()[0].chain
     report = log.verify()
     assert not report.ok
-    assert any(f"chain {file.chain} seq 3: hash does not match" in problem for problem in report.problems)
+    assert any(f"chain {chain} seq 3: hash does not match" in problem for problem in report.problems)
 
 
 def test_a_journal_file_deleted_from_the_middle_of_a_chain_is_a_gap(journaled_receipts: tuple[Path, AuditLog]) -> None:
     folder, log = journaled_receipts
-    file = journal_files(folder)[1]
-    (folder / JOURNAL / file.name).unlink()
+    chain = log.query()[0].chain
+    (folder / JOURNAL / journal_files(folder)[1].name).unlink()
     report = log.verify()
-    assert not report.ok and any(f"chain {file.chain} seq 2: missing" in problem for problem in report.problems)
+    assert not report.ok and any(f"chain {chain} seq 2: missing" in problem for problem in report.problems)
+
+
+@pytest.mark.parametrize("age", ["settled", "still written"])
+def test_a_damaged_record_in_a_segment_is_named_by_verify(
+    journaled_receipts: tuple[Path, AuditLog], monkeypatch: pytest.MonkeyPatch, age: str
+) -> None:
+    folder, log = journaled_receipts
+    log.append(receipt(5))
+    log.append(receipt(6))  # a new segment of two records
+    path = folder / JOURNAL / journal_files(folder)[-1].name
+    data = bytearray(path.read_bytes())
+    data[len(segments.MAGIC) + 8 + 20] ^= 0x01  # one bit of the first record's body
+    path.write_bytes(bytes(data))
+    if age == "settled":
+        monkeypatch.setattr(audit_journal, "SEAL_AFTER_S", -2.0)
+    report = log.verify()
+    assert not report.ok and any(path.name in problem and "damaged" in problem for problem in report.problems)
+
+
+def test_a_record_being_copied_ends_a_segment_still_written_without_a_problem(tmp_path: Path) -> None:
+    folder = tmp_path / JOURNAL
+    segment = segments.OpenSegment(folder, 1 << 16)
+    segment.append(segments.encode([{"seq": 1, "time": datetime.now(timezone.utc)}]))
+    torn = segments.encode([{"seq": 2, "time": datetime.now(timezone.utc)}])
+    data = bytearray((folder / segment.file.name).read_bytes())
+    end = data.rstrip(b"\x00").__len__()
+    data[end + 8 : end + 8 + len(torn) // 2] = torn[: len(torn) // 2]  # half its body, no length yet
+    data[end : end + 4] = struct.pack("<I", len(torn))  # or a length read before its checksum
+    bodies, problem = segments.decode(bytes(data), settled=False)
+    assert [json.loads(body)["seq"] for body in bodies] == [1] and problem is None
+    segment.release()
+
+
+def test_a_live_writers_segment_is_never_folded_for_it_even_when_any_age_will_do(
+    journaled_receipts: tuple[Path, AuditLog],
+) -> None:
+    folder, log = journaled_receipts
+    log.append(receipt(5))  # five sealed segments and an open one, all its writer's until folded
+    other = journaled_log(folder)
+    assert other._table.fold(orphaned_after=timedelta(0)) == 0
+    assert len(journal_files(folder)) == 6 and table_rows(folder) == 0
+    assert log.fold() == 6 and journal_files(folder) == []
+    assert table_rows(folder) == 6 and log.count() == 6 and log.verify().ok
 
 
 def test_an_unreadable_journal_file_is_named_by_verify_and_skipped_by_queries(
