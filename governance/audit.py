@@ -322,6 +322,10 @@ def _micros(moment: datetime) -> int:
     return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
+_HASH_PIECE = 2000
+"""hashlib gives up the interpreter lock for an update of 2,048 bytes or more; a group commit,
+which every search in it waits for, hashes in shorter pieces (the digest is the same)."""
+
 _PLACED = ("chain", "seq", "receipt_id", "time", "prev_hash", "hash")
 """What the log adds to a receipt when it stores it (``StoredReceipt``)."""
 
@@ -372,6 +376,7 @@ class _Prepared:
     receipt: Receipt
     columns: dict[str, Any]
     parts: dict[str, bytes]
+    receipt_id: str  # drawn here: drawing it reads the system's randomness, which gives up the lock
 
     @classmethod
     def of(cls, receipt: Receipt) -> _Prepared:
@@ -384,7 +389,7 @@ class _Prepared:
             raise InvalidRequestError(
                 f"receipt is not valid Unicode text ({exc.reason} at {exc.start}); it was not recorded"
             ) from None
-        return cls(receipt=receipt, columns=columns, parts=parts)
+        return cls(receipt=receipt, columns=columns, parts=parts, receipt_id=str(uuid.uuid4()))
 
 
 def _checkpoint_payload(root: str, moment: datetime, receipts: int, heads: Sequence[ChainHead]) -> bytes:
@@ -539,9 +544,10 @@ class AuditLog:
     # -- hashing --------------------------------------------------------------------------
 
     def _digest(self, payload: bytes) -> str:
-        if self._key is None:
-            return hashlib.sha256(payload).hexdigest()
-        return hmac.new(self._key, payload, hashlib.sha256).hexdigest()
+        digest = hashlib.sha256() if self._key is None else hmac.new(self._key, digestmod=hashlib.sha256)
+        for start in range(0, len(payload), _HASH_PIECE):  # pieces short enough to keep the lock
+            digest.update(payload[start : start + _HASH_PIECE])
+        return digest.hexdigest()
 
     def _hash(self, row: Mapping[str, Any]) -> str:
         return self._digest(_hash_payload(row))
@@ -699,7 +705,7 @@ class AuditLog:
         rows: list[dict[str, Any]] = []
         prev_hash = writer.hash
         for offset, item in enumerate(prepared, start=1):
-            placed = {"chain": writer.chain, "seq": writer.seq + offset, "receipt_id": str(uuid.uuid4()),
+            placed = {"chain": writer.chain, "seq": writer.seq + offset, "receipt_id": item.receipt_id,
                       "time": datetime.now(timezone.utc), "prev_hash": prev_hash}  # fmt: skip
             payload = _joined_payload({**item.parts, **_payload_parts(placed, tuple(placed))}, legacy=False)
             prev_hash = placed["hash"] = self._digest(payload)

@@ -16,10 +16,10 @@ a segment's, when it was started (``<unix ms>-<token>.receipts``).
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +28,7 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from .files import WarehouseFiles, warehouse_files
-from .journal_segments import SEAL_AFTER_S, SEGMENT_BYTES, JournalSegment, OpenSegment, decode, in_use, now_ms, to_table
+from .journal_segments import SEGMENT_BYTES, JournalSegment, OpenSegment, decode, in_use, now_ms, to_table
 from .schema import AUDIT_SCHEMA
 from .tables import local_path
 
@@ -89,6 +89,8 @@ class ReceiptJournal:
         self._open: OpenSegment | None = None
         self._held: dict[str, OpenSegment] = {}  # this writer's segments, locked until removed
         self._lock = threading.Lock()
+        if segments is not None:
+            _WRITING.add(self)
 
     @classmethod
     def of(cls, uri: str, storage_options: Mapping[str, str]) -> ReceiptJournal | None:
@@ -141,20 +143,28 @@ class ReceiptJournal:
         return not isinstance(file, JournalSegment) or path is None or not in_use(path)
 
     def read(self, files: Sequence[Journaled]) -> JournalRead:
-        """The receipts of ``files``; a file that is gone (folded meanwhile) is skipped."""
+        """The receipts of ``files``; a file that is gone (folded meanwhile) is skipped. A segment
+        damaged part way gives its receipts before the damage, and stays (for verify to report)."""
         tables: list[pa.Table] = []
         read: list[Journaled] = []
         problems: list[str] = []
         for file in files:
+            damage = None
             try:
-                table = self._read_segment(file) if isinstance(file, JournalSegment) else self._read_file(file)
+                if isinstance(file, JournalSegment):
+                    table, damage = self._read_segment(file)
+                else:
+                    table = self._read_file(file)
             except FileNotFoundError:
                 continue
             except (pa.ArrowException, ValueError, TypeError, KeyError) as exc:
-                problems.append(f"journal file {file.name}: cannot be read as receipts ({str(exc).splitlines()[0]})")
-                continue
-            tables.append(table)
-            read.append(file)
+                damage, table = str(exc).splitlines()[0], None
+            if damage is not None:
+                problems.append(f"journal file {file.name}: cannot be read as receipts ({damage})")
+            if table is not None:
+                tables.append(table)
+            if damage is None:
+                read.append(file)
         rows = pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()
         return JournalRead(rows=rows, read=tuple(read), problems=tuple(problems))
 
@@ -167,19 +177,15 @@ class ReceiptJournal:
             raise ValueError(f"its schema is {table.schema}, not the receipts'")
         return table.cast(AUDIT_SCHEMA)
 
-    def _read_segment(self, file: JournalSegment) -> pa.Table:
+    def _read_segment(self, file: JournalSegment) -> tuple[pa.Table, str | None]:
+        """Its receipts up to any damage, and the damage. Read, not mapped: a file cut short under
+        a mapping faults the process."""
         path = self._files.local(file.name)
         if path is None:
             raise FileNotFoundError(file.name)
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size == 0:  # being created
-                return AUDIT_SCHEMA.empty_table()
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                bodies, problem = decode(mapped, settled=file.age_s() > SEAL_AFTER_S + 1)
-        if problem is not None:
-            raise ValueError(problem)
-        return to_table(bodies)
+        settled = not in_use(path)  # no writer appends to it: a damaged last record is damage
+        bodies, problem = decode(path.read_bytes(), settled=settled)
+        return to_table(bodies), problem
 
     def remove(self, files: Sequence[Journaled]) -> None:
         for file in files:
@@ -189,3 +195,19 @@ class ReceiptJournal:
             if held is not None:
                 held.release()
 
+
+_WRITING: weakref.WeakSet[ReceiptJournal] = weakref.WeakSet()
+"""Journals that may hold segments in this process."""
+
+
+def _forget_in_children() -> None:
+    """In a forked child, drop the parent's segments: the child never writes them, and its copies
+    of their descriptors would keep the parent's locks alive after the parent died."""
+    for journal in list(_WRITING):
+        journal._lock = threading.Lock()
+        held, journal._held, journal._open = journal._held, {}, None
+        for segment in held.values():
+            segment.release()
+
+
+os.register_at_fork(after_in_child=_forget_in_children)

@@ -178,9 +178,9 @@ class AuditTable:
             moved = 0
             if own:
                 self._table.add(to_table([body for _, body, _ in own]))
-                self._journal.remove(list(dict.fromkeys(file for file, _, _ in own)))
-                with self._pending_lock:
+                with self._pending_lock:  # in the table now: never added again, whatever follows
                     del self._own_pending()[: len(own)]
+                self._journal.remove(list(dict.fromkeys(file for file, _, _ in own)))
                 moved += sum(count for _, _, count in own)
             if orphaned_after is not None:
                 moved += self._fold_orphans(orphaned_after, {file.name for file, _, _ in own})

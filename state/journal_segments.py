@@ -5,17 +5,18 @@ Why: a search answers only once its receipt is durable, and under load every sys
 call the group commit makes hands the interpreter lock to another request thread and waits to get
 it back: with one small Arrow file per group commit (four system calls, an IPC serialisation),
 receipts were 18-20% of a search's time at 16 clients. Copying a record into a shared mapping
-releases nothing: the group commit runs start to end on its leader's thread. The record is then
-in the operating system's page cache, as a written file is: a killed process loses nothing, and
-any reader of the file sees it.
+gives up nothing; the group commit runs start to end on its leader's thread (but for the first
+after each fold, which starts a new segment). The record is then in the operating system's page
+cache, as a written file is: a killed process loses nothing, and any reader of the file sees it.
 
 A segment is ``<created unix ms>-<token>.receipts``: the magic ``MAGIC``, then records, each a
-little-endian length and CRC-32 and that many bytes of JSON (the group commit's rows, ``time`` as
-integer microseconds), the rest zeros. The length is copied after the body, so a record is either
-whole or, while it is being copied (or when its writer died copying it), ends the segment. A writer
-seals its segment at each fold (and at ``SEAL_AFTER``, or when it is full) and starts a new one at
-its next receipt; a segment older than ``SEAL_AFTER`` is never written again, so one found damaged
-then was damaged after the fact.
+little-endian length and CRC-32 and that many bytes of JSON lines (the group commit's rows,
+``time`` as integer microseconds), the rest zeros. The length is copied after the body, so a
+record is either whole or, while it is being copied (or when its writer died copying it), ends
+the segment. A writer seals its segment at each fold (and after ``SEAL_AFTER_S``, or when it is
+full) and starts a new one at its next receipt. It holds a lock on each of its segments until it
+has folded and removed it: a segment nobody holds is written no more (``in_use``), so damage found
+in it, even to its last record, was done after the fact.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ import pyarrow.json as pajson
 from .schema import AUDIT_SCHEMA
 
 MAGIC = b"RWRJ\x00\x00\x00\x01"
-SEGMENT_BYTES = 4 << 20
-"""A segment's size (sparse: only what is written takes disk). About 4,000 receipts; a busy writer
-folds every 1,000 or every second, sealing the segment each time."""
+SEGMENT_BYTES = 1 << 20
+"""A segment's size, allocated when it is made: about 1,500 search receipts. A busy writer folds
+every 1,000 receipts or every second, sealing the segment each time; a full one is sealed early."""
 SEAL_AFTER_S = 10.0
 """A writer never appends to a segment older than this."""
 
@@ -83,18 +84,24 @@ class OpenSegment:
     so no other writer ever takes it for a stopped writer's (``in_use``)."""
 
     def __init__(self, folder: Path, size: int) -> None:
+        """Create it under a temporary name, its disk space allocated (a full disk is then an error
+        here, not a fault when a page is first written) and its magic written, then give it its
+        name: a reader never finds a segment without its magic."""
         self.file = JournalSegment(token=uuid.uuid4().hex[:16], written_ms=now_ms())
         self.pid = os.getpid()
         folder.mkdir(parents=True, exist_ok=True)
-        self._handle = os.open(folder / self.file.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        partial = folder / f".{self.file.name}.tmp"
+        self._handle = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             fcntl.flock(self._handle, fcntl.LOCK_EX)
-            os.ftruncate(self._handle, size)
+            os.posix_fallocate(self._handle, 0, size)
             self._map = mmap.mmap(self._handle, size)
+            self._map[: len(MAGIC)] = MAGIC
+            os.replace(partial, folder / self.file.name)  # the lock goes with the file
         except BaseException:
             os.close(self._handle)
+            partial.unlink(missing_ok=True)
             raise
-        self._map[: len(MAGIC)] = MAGIC
         self._end = len(MAGIC)
         self._sealed_at = time.monotonic() + SEAL_AFTER_S
 
@@ -113,7 +120,8 @@ class OpenSegment:
         self._end = start + len(body)
 
     def release(self) -> None:
-        """Unmap it and let the lock go (the segment was folded and removed)."""
+        """Unmap it and let the lock go (the segment was folded and removed, or this is a forked
+        child's copy: the lock stays with the parent's descriptor)."""
         self._map.close()
         os.close(self._handle)
 
@@ -144,7 +152,9 @@ def to_table(bodies: Sequence[bytes]) -> pa.Table:
     Arrow's own threads, so a fold of a second's receipts never stalls a search)."""
     if not bodies:
         return AUDIT_SCHEMA.empty_table()
-    parsed = pajson.read_json(pa.BufferReader(b"".join(bodies)), parse_options=_PARSE)
+    data = b"".join(bodies)  # one block: a line (a receipt) must not straddle two
+    parsed = pajson.read_json(pa.BufferReader(data), read_options=pajson.ReadOptions(block_size=len(data) + 1),
+                              parse_options=_PARSE)  # fmt: skip
     index = parsed.schema.get_field_index("time")
     return parsed.set_column(index, "time", parsed.column(index).cast(AUDIT_SCHEMA.field("time").type)).cast(AUDIT_SCHEMA)
 
@@ -160,9 +170,9 @@ _PARSE = pajson.ParseOptions(
 
 
 def decode(data: bytes | memoryview, *, settled: bool) -> tuple[list[bytes], str | None]:
-    """The bodies of a segment's whole records (``to_table`` reads them), and a problem if it is
-    not a segment, or if a record is damaged (a damaged last record of a segment still written,
-    not ``settled``, may be one mid-copy: it simply ends the segment)."""
+    """The bodies of a segment's whole records (``to_table`` reads them), up to a problem if it is
+    not a segment or a record is damaged. A segment still written (not ``settled``) may end in a
+    record being copied: a damaged last record there is one not yet written."""
     view = memoryview(data)
     if bytes(view[: len(MAGIC)]) != MAGIC:
         return [], "it is not a receipts segment"
@@ -170,13 +180,14 @@ def decode(data: bytes | memoryview, *, settled: bool) -> tuple[list[bytes], str
     at = len(MAGIC)
     while at + _HEADER.size <= len(view):
         length, crc = _HEADER.unpack_from(view, at)
-        if length == 0:
-            break
-        body = view[at + _HEADER.size : at + _HEADER.size + length]
-        if len(body) < length or binascii.crc32(body) != crc:
-            # Mid-copy, a record is the last: anything after it, or an age past sealing, is damage.
-            damaged = settled or bytes(view[at + _HEADER.size + length :]).strip(b"\x00") != b""
-            return bodies, (f"the record at byte {at} is damaged" if damaged else None)
-        bodies.append(bytes(body))
-        at += _HEADER.size + length
+        end = at + _HEADER.size + length
+        if length == 0 or len(view) < end or binascii.crc32(view[at + _HEADER.size : end]) != crc:
+            rest = bytes(view[at:] if length == 0 else view[min(end, len(view)) :]).strip(b"\x00")
+            if length == 0 and not rest:
+                break  # the end of what was written
+            if settled or (rest and length != 0):  # a record being copied has nothing after it
+                return bodies, f"the record at byte {at} is damaged"
+            break  # the last record, being copied (its body there, its length not yet, or torn)
+        bodies.append(bytes(view[at + _HEADER.size : end]))
+        at = end
     return bodies, None

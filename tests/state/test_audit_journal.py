@@ -21,8 +21,7 @@ import pytest
 from support.audit_writers import journal_and_die, journaled_log, receipt
 
 from ragwarden.governance import audit as audit_module
-from ragwarden.governance.audit import AuditLog
-from ragwarden.state import audit_journal
+from ragwarden.governance.audit import AuditLog, Receipt
 from ragwarden.state import journal_segments as segments
 from ragwarden.state.audit_journal import JOURNAL, Journaled, JournalFile, ReceiptJournal
 from ragwarden.state.audit_table import AuditTable
@@ -39,6 +38,16 @@ def table_version(folder: Path) -> int:
 
 def journal_files(folder: Path) -> list[Journaled]:
     return ReceiptJournal.of(str(folder), {}).files()  # type: ignore[union-attr]
+
+
+def segment_of(folder: Path, seq: int) -> Path:
+    """The segment whose first record starts with receipt ``seq`` (its name says when, not what)."""
+    for file in journal_files(folder):
+        data = (folder / JOURNAL / file.name).read_bytes()
+        start = len(segments.MAGIC) + 8
+        if json.loads(data[start : data.index(b"\n", start)])["seq"] == seq:
+            return folder / JOURNAL / file.name
+    raise AssertionError(f"no segment starts with seq {seq}")
 
 
 @pytest.fixture
@@ -205,8 +214,7 @@ def _rewrite(path: Path, change: Any) -> None:
 
 def test_an_edited_receipt_in_the_journal_is_caught_by_verify(journaled_receipts: tuple[Path, AuditLog]) -> None:
     folder, log = journaled_receipts
-    file = journal_files(folder)[2]
-    _rewrite(folder / JOURNAL / file.name, lambda rows: rows[0].update(subject="user:mallory"))
+    _rewrite(segment_of(folder, 3), lambda rows: rows[0].update(subject="user:mallory"))
     chain = log.query()[0].chain
     report = log.verify()
     assert not report.ok
@@ -216,26 +224,53 @@ def test_an_edited_receipt_in_the_journal_is_caught_by_verify(journaled_receipts
 def test_a_journal_file_deleted_from_the_middle_of_a_chain_is_a_gap(journaled_receipts: tuple[Path, AuditLog]) -> None:
     folder, log = journaled_receipts
     chain = log.query()[0].chain
-    (folder / JOURNAL / journal_files(folder)[1].name).unlink()
+    segment_of(folder, 2).unlink()
     report = log.verify()
     assert not report.ok and any(f"chain {chain} seq 2: missing" in problem for problem in report.problems)
 
 
-@pytest.mark.parametrize("age", ["settled", "still written"])
-def test_a_damaged_record_in_a_segment_is_named_by_verify(
-    journaled_receipts: tuple[Path, AuditLog], monkeypatch: pytest.MonkeyPatch, age: str
+def test_a_damaged_record_in_a_segment_is_named_by_verify_and_the_records_before_it_still_read(
+    journaled_receipts: tuple[Path, AuditLog],
 ) -> None:
     folder, log = journaled_receipts
-    log.append(receipt(5))
-    log.append(receipt(6))  # a new segment of two records
-    path = folder / JOURNAL / journal_files(folder)[-1].name
+    for n in (5, 6, 7):
+        log.append(receipt(n))  # a new segment of three records
+    path = segment_of(folder, 6)
     data = bytearray(path.read_bytes())
-    data[len(segments.MAGIC) + 8 + 20] ^= 0x01  # one bit of the first record's body
+    (first,) = struct.unpack_from("<I", data, len(segments.MAGIC))
+    data[len(segments.MAGIC) + 8 + first + 8 + 20] ^= 0x01  # one bit of the second record's body
     path.write_bytes(bytes(data))
-    if age == "settled":
-        monkeypatch.setattr(audit_journal, "SEAL_AFTER_S", -2.0)
-    report = log.verify()
+    report = journaled_log(folder).verify()
     assert not report.ok and any(path.name in problem and "damaged" in problem for problem in report.problems)
+    assert sorted(found.seq for found in journaled_log(folder).query()) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_damaged_last_record_is_named_once_its_writer_holds_the_segment_no_more(
+    journaled_receipts: tuple[Path, AuditLog],
+) -> None:
+    folder, log = journaled_receipts
+    path = segment_of(folder, 5)  # the chain's last receipt, alone in its segment
+    data = bytearray(path.read_bytes())
+    data[len(segments.MAGIC) + 8 + 20] ^= 0x01
+    path.write_bytes(bytes(data))
+    report = journaled_log(folder).verify()  # its writer holds it: a last record may be mid-copy
+    assert report.ok and report.receipts == 4
+    for segment in log._table._journal._held.values():
+        segment.release()  # as if the writer had died
+    report = journaled_log(folder).verify()
+    assert not report.ok and any(path.name in problem and "damaged" in problem for problem in report.problems)
+
+
+def test_a_receipt_over_a_megabyte_is_journaled_folded_and_verified(tmp_path: Path, unfolding: None) -> None:
+    log = journaled_log(tmp_path)
+    ids = tuple(f"{n:032x}" for n in range(40_000))  # an operator's run naming 40,000 rows
+    big = Receipt(kind="decision", operation="forget", subject="operator", tenant="acme", allowed=True,
+                  reason="erasure", chunk_ids=ids)  # fmt: skip
+    log.append(receipt(0))
+    log.append(big)
+    assert log.count() == 2 and log.verify().ok
+    assert log.fold() == 2 and [len(found.chunk_ids) for found in log.query(operation="forget")] == [40_000]
+    assert log.verify().ok
 
 
 def test_a_record_being_copied_ends_a_segment_still_written_without_a_problem(tmp_path: Path) -> None:
