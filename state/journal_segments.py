@@ -121,9 +121,10 @@ class OpenSegment:
 
     def release(self) -> None:
         """Unmap it and let the lock go (the segment was folded and removed, or this is a forked
-        child's copy: the lock stays with the parent's descriptor)."""
-        self._map.close()
-        os.close(self._handle)
+        child's copy: the lock stays with the parent's descriptor). Once only."""
+        if not self._map.closed:
+            self._map.close()
+            os.close(self._handle)
 
 
 def in_use(path: Path) -> bool:

@@ -261,6 +261,32 @@ def test_a_damaged_last_record_is_named_once_its_writer_holds_the_segment_no_mor
     assert not report.ok and any(path.name in problem and "damaged" in problem for problem in report.problems)
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")  # the child touches no table
+def test_a_forked_child_keeps_none_of_its_parents_segments_held(tmp_path: Path, unfolding: None) -> None:
+    log = journaled_log(tmp_path)
+    log.append(receipt(0))
+    (path,) = [tmp_path / JOURNAL / file.name for file in journal_files(tmp_path)]
+    context = multiprocessing.get_context("fork")  # a fork copies the parent's descriptors, and locks
+    ready, done = context.Event(), context.Event()
+
+    def child() -> None:
+        ready.set()
+        done.wait(30)
+
+    process = context.Process(target=child)
+    process.start()
+    try:
+        assert ready.wait(30)
+        assert segments.in_use(path)  # the parent, alive, holds it
+        for segment in log._table._journal._held.values():
+            segment.release()  # as if the parent had died, its child living on
+        assert not segments.in_use(path), "the child's copy of the descriptor kept the lock"
+    finally:
+        done.set()
+        process.join(30)
+
+
 def test_a_receipt_over_a_megabyte_is_journaled_folded_and_verified(tmp_path: Path, unfolding: None) -> None:
     log = journaled_log(tmp_path)
     ids = tuple(f"{n:032x}" for n in range(40_000))  # an operator's run naming 40,000 rows
