@@ -139,8 +139,10 @@ class ReceiptJournal:
 
     def abandoned(self, file: Journaled) -> bool:
         """Whether no live writer appends to ``file`` any more (an Arrow file never changes)."""
+        if not isinstance(file, JournalSegment):
+            return True
         path = self._files.local(file.name)
-        return not isinstance(file, JournalSegment) or path is None or not in_use(path)
+        return path is None or not in_use(path)
 
     def read(self, files: Sequence[Journaled]) -> JournalRead:
         """The receipts of ``files``; a file that is gone (folded meanwhile) is skipped. A segment

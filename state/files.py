@@ -34,6 +34,17 @@ def warehouse_files(uri: str, storage_options: Mapping[str, str], folder: str) -
     return None
 
 
+def open_new(path: Path, flags: int) -> int:
+    """A descriptor of a file made at ``path`` (refused if one is there), its folder made with the
+    folder's first file: the usual case costs one system call (each one, under load, waits for the
+    interpreter lock again)."""
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+
+
 class WarehouseFiles(Protocol):
     """Files in one folder of the warehouse, named by the caller; a put is whole or absent to readers."""
 
@@ -55,13 +66,8 @@ class _LocalFiles:
         self._folder = folder
 
     def put(self, name: str, data: bytes) -> None:
-        # As few system calls as will do: under load each one waits for the interpreter lock again.
-        partial = str(self._folder / f".{name}.{uuid.uuid4().hex}.tmp")
-        try:
-            handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:  # the folder's first file
-            self._folder.mkdir(parents=True, exist_ok=True)
-            handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        partial = self._folder / f".{name}.{uuid.uuid4().hex}.tmp"
+        handle = open_new(partial, os.O_WRONLY)
         try:
             left = memoryview(data)
             while left:  # one call, but for a short write

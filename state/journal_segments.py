@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pajson
 
+from .files import open_new
 from .schema import AUDIT_SCHEMA
 
 MAGIC = b"RWRJ\x00\x00\x00\x01"
@@ -89,9 +90,8 @@ class OpenSegment:
         name: a reader never finds a segment without its magic."""
         self.file = JournalSegment(token=uuid.uuid4().hex[:16], written_ms=now_ms())
         self.pid = os.getpid()
-        folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{self.file.name}.tmp"
-        self._handle = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._handle = open_new(partial, os.O_RDWR)
         try:
             fcntl.flock(self._handle, fcntl.LOCK_EX)
             os.posix_fallocate(self._handle, 0, size)
