@@ -1,7 +1,7 @@
 """``make bench-serve``: what a user of the HTTP service pays, end to end, under concurrency.
 
     python -m ragwarden.bench.serve [--corpus demo|scifact|world100k] [--clients 1,4,16,64]
-                                    [--seconds 10] [--replicas 1] [--ingest] [--keep DIR]
+                                    [--seconds 10] [--warmup 1] [--replicas 1] [--ingest [--ingest-nice N]] [--keep DIR]
                                     [--out bench/results]
 
 Real ``ragwarden serve`` processes on 127.0.0.1 over one warehouse, driven by client threads that
@@ -13,8 +13,9 @@ receipt, versions kept, bytes per receipt before and after ``optimize``). Every 
 answer is checked against an oracle computed apart from the search path (the enforcer on every
 row of a full scan): one it does not admit is a leak.
 
-``--ingest`` keeps an ingest running in the benchmark's own process throughout (documents of the
-corpus under new ids, readable by no caller: any of them in an answer is a leak). ``world100k`` is
+``--ingest`` keeps an ingest running throughout, in a process of its own as an ingest worker runs
+(documents of the corpus under new ids, readable by no caller: any of them in an answer is a leak);
+``--ingest-nice N`` runs that process at niceness N, as an ingest worker beside a service should be. ``world100k`` is
 the synthetic 100,000-row world of ``make bench`` (vectors drawn around cluster centres, so its
 answers measure cost, not relevance). ``--keep DIR`` builds the warehouse there once and reuses it.
 ``--filter JSON`` sends a narrowing filter with every search (the world's rows carry
@@ -27,6 +28,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import secrets
 import statistics
@@ -123,44 +125,59 @@ def _corpus_records(corpus: str, data: Path) -> list[dict[str, Any]]:
 
 
 class _Ingest:
-    """An ingest kept running beside the service: the corpus's documents again, under new ids and
-    readable by no one (``group:ingest-only``), a few at a time, until stopped."""
+    """An ingest kept running beside the service, in a process of its own as an ingest worker
+    runs (at ``nice``, when given): the corpus's documents again, under new ids and readable by no
+    one (``group:ingest-only``), a few at a time, until stopped. The cell starts once the worker
+    has loaded its model, and its rate counts from then."""
 
-    def __init__(self, warehouse: Warehouse, records: list[dict[str, Any]]) -> None:
-        self._warehouse, self._records = warehouse, records
-        self._stop = threading.Event()
-        self._run_id = secrets.token_hex(4)  # ids new to the warehouse in every cell and run: each batch is written
-        self.documents = 0
-        self.failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="bench-ingest", daemon=True)
+    def __init__(self, folder: Path, data: Path, records: list[dict[str, Any]], nice: int = 0) -> None:
+        context = multiprocessing.get_context("spawn")  # Lance's runtime is not fork-safe
+        self._ready, self._stop = context.Event(), context.Event()
+        self._documents = context.Value("q", 0)
+        run_id = secrets.token_hex(4)  # ids new to the warehouse in every cell and run: each batch is written
+        self._process = context.Process(
+            target=_ingest_worker,
+            args=(str(folder), str(data), records, run_id, nice, self._ready, self._stop, self._documents),
+            name="bench-ingest",
+            daemon=True,
+        )
 
     def __enter__(self) -> _Ingest:
+        self._process.start()
+        while not self._ready.wait(0.2):
+            if not self._process.is_alive():
+                raise RuntimeError(f"the ingest beside the load exited (code {self._process.exitcode}) before it began")
         self._began = time.perf_counter()
-        self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._stop.set()  # the batch in hand is finished and counted: the rate runs to the worker's exit
+        self._process.join(120)
         self.seconds = time.perf_counter() - self._began
-        if self.failure is not None:
-            raise RuntimeError(f"the ingest beside the load failed: {self.failure}") from self.failure
+        self.documents = int(self._documents.value)
+        if self._process.exitcode != 0:  # the cell must not pass as one with an ingest beside it
+            self._process.kill()
+            raise RuntimeError(f"the ingest beside the load failed (exit code {self._process.exitcode}); its error is above")
 
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set():
-            batch = []
-            for record in self._records[n % len(self._records) : n % len(self._records) + 8]:
-                n += 1
-                batch.append({**record, "id": f"ingest-{self._run_id}-{n}-{record['id']}", "acl": {"allow": ["group:ingest-only"]},
-                              "labels": [], "classification": "public"})  # fmt: skip
-            n += 8 - len(batch)
-            try:
-                report = self._warehouse.ingest_records(batch)
-            except BaseException as exc:  # the cell must not pass as one with an ingest beside it
-                self.failure = exc
-                return
-            self.documents += len(report.written_documents)
+
+def _ingest_worker(folder: str, data: str, records: list[dict[str, Any]], run_id: str, nice: int,
+                   ready: Any, stop: Any, documents: Any) -> None:  # fmt: skip
+    """The ingest process's loop (see ``_Ingest``): batches of eight documents until ``stop``."""
+    os.nice(nice)
+    warehouse = Warehouse(Settings(warehouse=folder, data_dir=Path(data)))
+    warehouse.embedder.encode(["the model loaded before the cell starts"])
+    ready.set()
+    n = 0
+    while not stop.is_set():
+        batch = []
+        for record in records[n % len(records) : n % len(records) + 8]:
+            n += 1
+            batch.append({**record, "id": f"ingest-{run_id}-{n}-{record['id']}", "acl": {"allow": ["group:ingest-only"]},
+                          "labels": [], "classification": "public"})  # fmt: skip
+        n += 8 - len(batch)
+        report = warehouse.ingest_records(batch)
+        with documents.get_lock():
+            documents.value += len(report.written_documents)
 
 
 def _serve(warehouse: str, port: int, log: Path, workers: int = 1) -> subprocess.Popen[bytes]:
@@ -217,25 +234,28 @@ def _matching(warehouse: Warehouse, narrow: dict[str, Any] | None) -> frozenset[
 
 def _drive(
     urls: list[str], sub: str, tenant: str, clients: int, seconds: float, readable: frozenset[str],
-    narrow: dict[str, Any] | None = None,
+    narrow: dict[str, Any] | None = None, warmup: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """``clients`` threads, each one search in flight at a time, for ``seconds``; a hit outside
-    ``readable`` is a leak."""
+    """``clients`` threads, each one search in flight at a time, for ``warmup`` then ``seconds``;
+    a hit outside ``readable`` is a leak. Only searches begun after the warm-up are timed and
+    counted (all the clients start at once, a burst no steady load has); errors and leaks are
+    counted throughout."""
     latencies: list[float] = []
     queue: list[float] = []
     app: list[float] = []
     stages: dict[str, list[float]] = {name: [] for name in STAGES}
     counts = {"errors": 0, "overloaded": 0, "leaks": 0}
     lock = threading.Lock()
-    start = threading.Barrier(clients)
+    window: dict[str, float] = {}
+    start = threading.Barrier(clients, action=lambda: window.update(timed_from=time.perf_counter() + warmup))
     headers = {"Authorization": f"Bearer {_token(sub, tenant)}"}
 
     def client(number: int) -> None:
         with httpx.Client(headers=headers, timeout=60) as http:
             start.wait()
-            deadline = time.monotonic() + seconds
+            deadline = window["timed_from"] + seconds
             n = number
-            while time.monotonic() < deadline:
+            while time.perf_counter() < deadline:
                 n += 1
                 began = time.perf_counter()
                 try:
@@ -252,21 +272,21 @@ def _drive(
                     elif answer.status_code != 200:
                         counts["errors"] += 1
                     else:
+                        counts["leaks"] += sum(hit["chunk_id"] not in readable for hit in answer.json()["hits"])
+                    if answer.status_code == 200 and began >= window["timed_from"]:
                         latencies.append(took)
                         timing = answer.headers.get("server-timing", "")
                         queue.append(_timing(timing, "queue"))
                         app.append(_timing(timing, "app"))
                         for name in STAGES:
                             stages[name].append(_timing(timing, name))
-                        counts["leaks"] += sum(hit["chunk_id"] not in readable for hit in answer.json()["hits"])
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    began = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - began
+    wall = time.perf_counter() - window["timed_from"]
     ordered = sorted(latencies) or [0.0]
 
     def pct(p: float) -> float:
@@ -285,6 +305,7 @@ def _audit_size(folder: Path) -> int:
 def run(
     corpus: str, clients: list[int], seconds: float, replicas: int, workdir: Path, data: Path, *,
     ingest: bool = False, keep: Path | None = None, workers: int = 1, narrow: dict[str, Any] | None = None,
+    ingest_nice: int = 0, warmup: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     if ingest and corpus == "world100k":
         raise SystemExit("--ingest needs a corpus of documents (demo or scifact); the world's rows are synthetic")
@@ -302,8 +323,8 @@ def run(
             readable = readable if matching is None else readable & matching
             for count in clients:
                 before = (warehouse.audit.count(), _commits(folder), warehouse.store.latest_chunks_version())
-                with _Ingest(warehouse, records) if ingest else contextlib.nullcontext() as running:
-                    found = _drive(urls, sub, tenant, count, seconds, readable, narrow)
+                with _Ingest(folder, data, records, ingest_nice) if ingest else contextlib.nullcontext() as running:
+                    found = _drive(urls, sub, tenant, count, seconds, readable, narrow, warmup)
                 receipts = warehouse.audit.count() - before[0]
                 commits = _commits(folder) - before[1]
                 ingested = running.documents / running.seconds if running is not None else 0.0
@@ -370,10 +391,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--corpus", choices=sorted(CALLERS), default="demo")
     parser.add_argument("--clients", default="1,4,16,64")
-    parser.add_argument("--seconds", type=float, default=10.0, help="per cell")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per cell, timed")
+    parser.add_argument("--warmup", type=float, default=1.0, help="per cell, before the timed seconds")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1, help="processes per replica (serve --workers)")
     parser.add_argument("--ingest", action="store_true", help="keep an ingest running throughout")
+    parser.add_argument("--ingest-nice", type=int, default=0, help="run that ingest's process at this niceness")
     parser.add_argument("--keep", type=Path, help="build the warehouse in this folder once, and reuse it")
     parser.add_argument("--filter", type=json.loads, help='a narrowing filter sent with every search, e.g. \'{"bucket": 7}\'')
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -382,11 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ragwarden-serve-") as workdir:
         result = run(args.corpus, [int(c) for c in args.clients.split(",")], args.seconds, args.replicas,
                      Path(workdir), args.data, ingest=args.ingest, keep=args.keep, workers=args.workers,
-                     narrow=args.filter)  # fmt: skip
+                     narrow=args.filter, ingest_nice=args.ingest_nice, warmup=args.warmup)  # fmt: skip
     result["machine"] = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
     result["workers"] = args.workers
+    result["ingest_nice"] = args.ingest_nice if args.ingest else None
+    result["warmup_seconds"] = args.warmup
     suffix = f"{f'-w{args.workers}' if args.workers > 1 else ''}{'-ingest' if args.ingest else ''}"
+    suffix += f"-nice{args.ingest_nice}" if args.ingest and args.ingest_nice else ""
     suffix += f"-filter-{hashlib.sha256(json.dumps(args.filter, sort_keys=True).encode()).hexdigest()[:8]}" if args.filter else ""
     target = args.out / f"serve-{args.corpus}-x{args.replicas}{suffix}.json"
     target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -285,7 +285,7 @@ def run_ingest(
                     flush()
         flush(final=True)
     if written:
-        store.optimize()
+        store.optimize(batched=True)
     return IngestReport(
         run_id=run_id,
         written_documents=tuple(written),

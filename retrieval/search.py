@@ -516,7 +516,7 @@ class Searcher:
         )
 
     def _held(self, where: str, version: int, narrow: tuple[Narrowing, pa.Array] | None) -> VisibleRows | None:
-        """The rows ``where`` admits at ``version``, held (None if the table moved on), narrowed
+        """The rows ``where`` admits at ``version``, held (None if that version is gone: ``Store.read_at``), narrowed
         to a filter's matches at that version when one is given."""
         visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
         return self._narrowed_set(visible, ("narrowed", where, version), narrow)
@@ -533,7 +533,7 @@ class Searcher:
         self, vector: np.ndarray, where: str, narrowing: Narrowing, matching: pa.Array, limit: int, version: int
     ) -> list[dict[str, Any]] | None:
         """The ``limit`` nearest of the few rows ``narrowing`` matches (``matching``) that
-        ``where`` admits at ``version``, read by id and scanned exactly; None if the table moved on."""
+        ``where`` admits at ``version``, read by id and scanned exactly; None if that version is gone."""
         key = ("narrowed", where, version, narrowing.sql)  # the key _held narrows under: the same rows
         held = self.visible.get(key, lambda: self._read_matching(where, matching.to_pylist(), version))
         if held is None:
@@ -542,7 +542,7 @@ class Searcher:
 
     def _matching(self, narrowing: Narrowing, version: int) -> pa.Array | None:
         """The chunk ids ``narrowing`` matches at ``version`` (a scan of the metadata and columns
-        it names alone), None if the table moved on; held per (filter, version)."""
+        it names alone), None if that version is gone; held per (filter, version)."""
         key = (narrowing.sql, version)
         with self._flat_lock:
             if key in self._narrowed_ids:
@@ -586,8 +586,9 @@ class Searcher:
         return [{**row, "_distance": 1.0 - score} for row, score in ranked]
 
     def _read_visible(self, where: str, version: int) -> VisibleRows | None:
-        """The rows ``where`` admits at ``version``; None if the table has moved on (the caller
-        then scans the table, and ``rank`` sees the version change and asks again). When this
+        """The rows ``where`` admits at ``version``, read at that version even when the table has
+        moved on; None if that version is gone (a purge removed it: the caller then scans the table,
+        and ``rank`` sees the version change and asks again). When this
         process holds the filter's rows from an earlier version, only the admitted rows' ids and
         tags are read, and the texts and vectors of rows it did not hold (``VisibleRows.retagged``)."""
         columns = [*RESULT_COLUMNS, "vector"]
@@ -639,7 +640,7 @@ class Searcher:
         self, where: str, version: int, reader: Reader, narrowing: Narrowing | None = None
     ) -> LexicalRows:
         """The reader's analysed rows under ``where`` (and ``narrowing``) at ``version``, held under
-        (filters, version, reader); when the table has moved on, the latest rows, held nowhere
+        (filters, version, reader); when that version is gone, the latest rows, held nowhere
         (``rank`` then sees the version change and asks again). A filter's matches are read by id
         through the governance filter (see ``_vector`` for why not ANDed inside Lance)."""
         matching = self._matching(narrowing, version) if narrowing is not None else None
@@ -655,15 +656,15 @@ class Searcher:
 
     def _read_lexical(self, where: str, reader: Reader, version: int | None = None) -> LexicalRows | None:
         """The rows ``where`` admits, analysed, the statistics counting those the reader's
-        post-check admits; None if the table is no longer at ``version``. Rows whose columns would
+        post-check admits; None if ``version`` is gone. Rows whose columns would
         not be kept are held by chunk id alone (the winners' columns are then read back by id)."""
         return self._analysed(self.store.read_at(version, where, RESULT_COLUMNS), reader)
 
     def _read_lexical_matching(
         self, where: str, matching: pa.Array, reader: Reader, version: int
     ) -> LexicalRows | None:
-        """The rows ``where`` admits among ``matching`` at ``version``, analysed (None if the table
-        moved on)."""
+        """The rows ``where`` admits among ``matching`` at ``version``, analysed (None if that
+        version is gone)."""
         return self._analysed(self.store.read_rows_at(version, where, matching.to_pylist(), RESULT_COLUMNS), reader)
 
     def _analysed(self, table: pa.Table | None, reader: Reader) -> LexicalRows | None:

@@ -136,8 +136,8 @@ class ServingIndex:
         return index
 
     def view(self, index: ResidentIndex, where: str, version: int) -> ResidentView | None:
-        """The rows ``where`` admits at ``version`` as ``index`` sees them; None when the table has
-        moved on, or too many visible rows are missing from the index (a rebuild then starts)."""
+        """The rows ``where`` admits at ``version`` as ``index`` sees them; None when that version is
+        gone, or too many visible rows are missing from the index (a rebuild then starts)."""
         visible = self._store.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
         if visible is None:
             return None

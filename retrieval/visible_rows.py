@@ -90,7 +90,7 @@ class VisibleRows:
         rows it admits now) and these rows, read at an earlier version: a row held here keeps its
         content and vector (fixed for a chunk id) and takes its current tags; a row not held here
         is read with ``read(chunk_ids)`` (rows with a ``vector`` column). None when ``read`` finds
-        the table moved on.
+        that version gone.
 
         Why: after an ingest or a sync the rows a broad caller may read are mostly the ones it held;
         reading their ids and tags costs a fraction of reading their texts and vectors again."""

@@ -10,8 +10,8 @@ what a row may show — the filter and the post-check decide that.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from lancedb.index import Bitmap, BTree, IvfHnswSq, LabelList
@@ -81,17 +81,79 @@ def ensure_vector_index(
     return _present(table)["vector"]
 
 
-def compact(table: Any) -> None:
-    """Merge small fragments and fold new rows into existing indexes, keeping old versions
-    (erasure purges those itself, on purpose)."""
-    table.optimize(cleanup_older_than=timedelta(days=3650))
+MERGE_RATIO = 4
+"""A fragment is left alone while it holds at least this many times the rows of all the fragments
+after it: the table stays a few large old fragments, each much larger than the rest together."""
+FRAGMENT_ROWS_MAX = 1024 * 1024
+"""Lance's own target: a fragment this big is never merged again (only its deletions are)."""
+BATCHED_MERGE_FRAGMENTS = 8
+"""After an ingest, small fragments are merged once this many are due, not after every commit."""
+BATCHED_UNINDEXED_SHARE, BATCHED_UNINDEXED_MIN = 0.01, 1_000
+"""After an ingest, new rows are folded into the indexes once they are this share of the table
+(and at least this many); until then a search scans them, as it does any row not yet indexed."""
+
+
+def merge_tail(rows: Sequence[int], *, at_least: int = 2) -> int:
+    """Where the fragments worth merging start (``len(rows)`` for none): at the first fragment
+    holding fewer than ``MERGE_RATIO`` times the rows of all those after it, to the end, when that
+    is ``at_least`` fragments. Merging keeps every fragment that many times larger than the rest,
+    so a table of N rows has about log4(N) fragments (plus fewer than ``at_least``) and each row
+    is rewritten about that many times over its life, not once per commit (merging everything
+    after every small ingest rewrote the whole table each time)."""
+    after = sum(rows)
+    for start, count in enumerate(rows):
+        after -= count
+        if count < min(MERGE_RATIO * after, FRAGMENT_ROWS_MAX):
+            return start if len(rows) - start >= max(2, at_least) else len(rows)
+    return len(rows)
+
+
+def compact(table: Any, *, batched: bool = False) -> None:
+    """Fold new rows into the indexes, then merge the small fragments recent commits left
+    (``merge_tail``) and any fragment with a tenth of its rows deleted, keeping old versions
+    (erasure purges those itself, on purpose). The large old fragments are not rewritten for a few
+    new rows: a small ingest stays cheap however large the table grows, and a reader's cache of the
+    old fragments stays valid.
+
+    ``batched`` (after an ingest): fold and merge only once enough is due
+    (``BATCHED_UNINDEXED_*``, ``BATCHED_MERGE_FRAGMENTS``). Each fold or merge is a commit, and
+    each commit a new version every replica's searches must catch up with: folding and merging
+    after every small ingest made four versions of one."""
+    dataset = table.to_lance()
+    fragments = [fragment.metadata for fragment in dataset.get_fragments()]
+    rows = [fragment.num_rows for fragment in fragments]
+    start = merge_tail(rows, at_least=BATCHED_MERGE_FRAGMENTS if batched else 2)
+    kept = [fragment.id for fragment in fragments[:start] if fragment.num_deletions < 0.1 * fragment.physical_rows]
+    merge = len(kept) < len(fragments)
+    physical = sum(fragment.physical_rows for fragment in fragments)  # deleted rows stay indexed until merged
+    indexed = [index.num_rows_indexed for index in dataset.describe_indices()]
+    unindexed = physical - min(indexed, default=physical)
+    due = max(BATCHED_UNINDEXED_MIN, BATCHED_UNINDEXED_SHARE * sum(rows)) if batched else 1
+    if indexed and (unindexed >= due or merge):  # folded first: Lance merges only fragments indexed alike
+        dataset.optimize.optimize_indices()
+        table.checkout_latest()
+    if merge:
+        table.to_lance().optimize.compact_files(excluded_fragment_ids=kept, target_rows_per_fragment=FRAGMENT_ROWS_MAX)
+        table.checkout_latest()
+
+
+def drop_text_index(table: Any) -> bool:
+    """Drop a full-text index older warehouses built: no search reads it (full-text scores are
+    BM25 over the caller's own rows, ``retrieval.lexical``), keeping it up to date was most of a
+    small ingest's optimize, and it holds a copy of every text. Returns whether there was one."""
+    names = [index.name for index in table.list_indices() if index.index_type == "FTS"]
+    for name in names:
+        table.drop_index(name)
+    return bool(names)
 
 
 __all__ = [
     "IndexReport",
     "compact",
+    "drop_text_index",
     "ensure_scalar_indexes",
     "ensure_vector_index",
     "has_vector_index",
+    "merge_tail",
     "vector_index_partitions",
 ]

@@ -22,7 +22,6 @@ from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from lancedb.index import FTS
 
 from ..errors import WarehouseError
 from ..governance.sql import sql_documents, sql_in_list
@@ -39,6 +38,7 @@ from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
     IndexReport,
     compact,
+    drop_text_index,
     ensure_scalar_indexes,
     ensure_vector_index,
     has_vector_index,
@@ -510,16 +510,25 @@ class Store:
         return builder.to_list()
 
     def read_at(self, version: int | None, where: str, columns: Sequence[str]) -> pa.Table | None:
-        """The rows ``where`` admits with ``columns``, read at the latest version; None if that is
-        no longer ``version`` (None: any version)."""
+        """The rows ``where`` admits with ``columns`` at ``version`` (None: the latest), even when
+        the table has moved on since; None if that version's files are gone (a purge removed them).
+        Why: a search answers at the version its request checked, and one ingest is several commits
+        (rows, indexes, compaction) in a second; reading only the latest made every search in flight
+        across them fall back to scanning through Lance at once (stalls of a second at 64 clients)."""
         dataset = self._chunks.to_lance()
-        if version is not None and dataset.version != version:
-            return None
-        return dataset.to_table(columns=list(columns), filter=where)
+        if version is None or dataset.version == version:
+            return dataset.to_table(columns=list(columns), filter=where)
+        try:
+            return dataset.checkout_version(version).to_table(columns=list(columns), filter=where)
+        except (OSError, pa.ArrowException) as exc:  # its manifest, or the files it names (kept a while longer)
+            if is_missing_file(exc):
+                return None
+            raise
 
     def read_rows_at(self, version: int, where: str, chunk_ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
-        """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if the table moved
-        on): by an IN list, or past ``IN_LIST_MAX_IDS`` ids by reading every admitted row once."""
+        """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if that version is
+        gone, ``read_at``): by an IN list, or past ``IN_LIST_MAX_IDS`` ids by reading every admitted
+        row once."""
         if not chunk_ids:  # no rows, with the columns' types, and the version still checked
             return self.read_at(version, f"({where}) AND FALSE", columns)
         if len(chunk_ids) <= IN_LIST_MAX_IDS:
@@ -658,10 +667,11 @@ class Store:
         return version
 
     def purge_history(self) -> dict[str, int]:
-        """Physically remove deleted rows: rewrite files holding them, rebuild the text and vector
-        indexes (both hold copies of what rows said), remove every older version's files and the
-        serving index's artifacts (replicas rebuild them), so erased text and vectors are in no
-        file under the warehouse. Returns, per table, how many older versions it pruned or emptied.
+        """Physically remove deleted rows: rewrite files holding them, rebuild the vector index and
+        drop a text index an older warehouse built (both hold copies of what rows said), remove
+        every older version's files and the serving index's artifacts (replicas rebuild them), so
+        erased text and vectors are in no file under the warehouse. Returns, per table, how many
+        older versions it pruned or emptied.
 
         The older versions' commit records stay until ``history.RECORDS_KEPT`` has passed: a
         writer that planned before the purge is still checked against every commit made since.
@@ -678,10 +688,8 @@ class Store:
                 what=f"rewriting {name} without erased rows",
             )
             table.checkout_latest()
-            if name == CHUNKS and any(index.index_type == "FTS" for index in table.list_indices()):
-                retrying_conflicts(
-                    lambda t=table: t.create_index("text", config=FTS(), replace=True), what="rebuilding the text index"
-                )
+            if name == CHUNKS:
+                retrying_conflicts(lambda t=table: drop_text_index(t), what="dropping the text index")
             if name == CHUNKS and has_vector_index(table):
                 retrying_conflicts(
                     lambda t=table: ensure_vector_index(t, rows=t.count_rows(), rebuild=True),
@@ -738,13 +746,18 @@ class Store:
             )
 
     def optimize(
-        self, *, rebuild_vector_index: bool = False, vector_index_min_rows: int = VECTOR_INDEX_MIN_ROWS
+        self,
+        *,
+        rebuild_vector_index: bool = False,
+        vector_index_min_rows: int = VECTOR_INDEX_MIN_ROWS,
+        batched: bool = False,
     ) -> IndexReport:
-        """Bring the indexes up to date after writes: small fragments are merged and new rows folded
-        into the indexes there are; then any missing index is built (the full-text index, the
-        scalar indexes the compiled filter uses, the vector index once the table is big enough).
-        Compacting first means a new index is built once over the merged fragments, not remapped
-        after them. Rows not yet indexed are still searched."""
+        """Bring the indexes up to date after writes: new rows are folded into the indexes there
+        are and the small fragments merged (``indexing.compact``; ``batched``, as ingest runs it:
+        only once enough is due); then any missing index is built (the scalar indexes the compiled
+        filter uses, the vector index once the table is big enough). Compacting first means a new
+        index is built once over the merged fragments, not remapped after them. Rows not yet
+        indexed are still searched."""
         started = time.perf_counter()
         self._tidy_logs()
         seconds: dict[str, float] = {"logs": time.perf_counter() - started}
@@ -753,11 +766,9 @@ class Store:
         if rows == 0:
             return IndexReport(rows=0, scalar_indexes=(), vector_index=None, fragments_before=fragments_before,
                                fragments_after=fragments_before, seconds=seconds)  # fmt: skip
-        retrying_conflicts(lambda: compact(self._chunks), what="compacting")
+        retrying_conflicts(lambda: drop_text_index(self._chunks), what="dropping the text index")
+        retrying_conflicts(lambda: compact(self._chunks, batched=batched), what="compacting")
         seconds["compact"] = time.perf_counter() - started - sum(seconds.values())
-        if not any(index.index_type == "FTS" for index in self._chunks.list_indices()):
-            retrying_conflicts(lambda: self._chunks.create_index("text", config=FTS(), replace=True), what="indexing text")
-        seconds["text_index"] = time.perf_counter() - started - sum(seconds.values())
         scalar = retrying_conflicts(lambda: ensure_scalar_indexes(self._chunks), what="building scalar indexes")
         seconds["scalar_indexes"] = time.perf_counter() - started - sum(seconds.values())
         vector = retrying_conflicts(

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from support.appended_rows import group_of, new_rows
-from support.raw_tables import raw_table
 
 from ragwarden.bench.world import TENANT, World, append_rows
 from ragwarden.governance.caller import Caller

@@ -9,9 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from support.appended_rows import group_of, new_rows
+from support.raw_tables import raw_table
 
 from ragwarden.bench.world import TENANT, World, append_rows
+from ragwarden.config import Settings
 from ragwarden.governance.caller import Caller
+from ragwarden.governance.sql import sql_in_list
 from ragwarden.retrieval.search import Searcher
 from ragwarden.retrieval.visible_rows import VisibleRowCache, VisibleRows
 from ragwarden.warehouse import Warehouse
@@ -150,8 +153,14 @@ def test_a_held_set_carried_past_a_commit_answers_as_a_fresh_read_does(
         _retag(indexed_warehouse, top, "acl_allow", ["group:nobody"])
     elif commit == "erase":
         indexed_warehouse.store.delete(top, (TENANT, top[0]))
-    else:
+    else:  # a tenth of the rows, none the reader's, deleted: optimize rewrites the fragment the rest are in
+        principals = set(indexed_warehouse.policy.principals(reader, TENANT))
+        rows = indexed_warehouse.store.rows_where("tenant IS NOT NULL", ["chunk_id", "acl_allow"])
+        unseen = [row["chunk_id"] for row in rows if not principals & set(row["acl_allow"])][: len(rows) // 8]
+        raw_table(indexed_warehouse.store).delete(f"chunk_id IN {sql_in_list(unseen)}")
+        (fragment,) = raw_table(indexed_warehouse.store).to_lance().get_fragments()
         indexed_warehouse.store.optimize(vector_index_min_rows=1_000)
+        assert [f.fragment_id for f in raw_table(indexed_warehouse.store).to_lance().get_fragments()] != [fragment.fragment_id]
     after = [_search(held, indexed_warehouse, reader, vector) for vector in queries]
     fresh = _flat(indexed_warehouse, 64 * 2**20)
     assert after == [_search(fresh, indexed_warehouse, reader, vector) for vector in queries]
@@ -216,3 +225,22 @@ def test_a_held_row_whose_document_moved_shows_its_new_uri(indexed_warehouse: Wa
     _retag(indexed_warehouse, [first.chunk_id], "source_uri", "s3://moved/elsewhere")
     again = held.search("q", policy=indexed_warehouse.policy, caller=caller, k=K, vector=vector).hits[0]
     assert again.chunk_id == first.chunk_id and again.source_uri == "s3://moved/elsewhere" and held.retags == 1
+
+
+def test_a_search_answers_at_the_version_its_request_checked_though_another_writer_commits_before_it_reads(
+    indexed_warehouse: Warehouse, small_world: World
+):
+    """One ingest is several commits in a second: searches in flight across them read their own
+    version (held, exact) rather than each falling back to a scan through Lance at the latest."""
+    searcher = _flat(indexed_warehouse, 64 * 2**20)
+    reader = small_world.subjects[0.5]
+    later = new_rows(small_world, 1, group_of(indexed_warehouse, reader), seed=7)
+    replica = Warehouse(Settings(warehouse=indexed_warehouse.uri), embedder=None)  # type: ignore[arg-type]
+    with indexed_warehouse.store.pinned() as versions:
+        append_rows(replica.store, later)  # committed after this request's freshness check
+        found = searcher.search("q", policy=indexed_warehouse.policy, caller=Caller(subject=reader, tenant=TENANT),
+                                k=K, vector=later.vectors[0])  # fmt: skip
+    assert indexed_warehouse.store.latest_chunks_version() > versions.chunks
+    assert later.ids[0] not in {hit.chunk_id for hit in found.hits}
+    assert {hit.table_version for hit in found.hits} == {versions.chunks}
+    assert _search(searcher, indexed_warehouse, reader, later.vectors[0])[0][0] == later.ids[0]  # the next request

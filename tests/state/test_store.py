@@ -133,3 +133,16 @@ def test_chunks_of_an_earlier_release_gain_metadata_in_place(tmp_path: Path, emb
     assert hit.metadata == {"title": "kept on the source"}  # from the source record
     narrowed = reopened.search("budget", subject="user:alice", tenant="acme", filter={"title": "kept on the source"})
     assert [h.chunk_id for h in narrowed] == [hit.chunk_id]
+
+
+def test_rows_are_read_at_an_earlier_version_until_a_purge_removes_its_files(small_warehouse: Warehouse, make_record):
+    store, everything = small_warehouse.store, "tenant IS NOT NULL"
+    small_warehouse.ingest_records([make_record(id="erased", text="A note about the offsite, to be erased.")])
+    before = store.latest_chunks_version()
+    held = sorted(store.read_at(before, everything, ["chunk_id"]).column("chunk_id").to_pylist())
+    small_warehouse.ingest_records([make_record(id="later", text="A later note about the menu.")])
+    assert store.latest_chunks_version() > before
+    assert sorted(store.read_at(before, everything, ["chunk_id"]).column("chunk_id").to_pylist()) == held
+    assert len(store.read_at(None, everything, ["chunk_id"])) > len(held)  # the latest holds the new rows
+    small_warehouse.forget("erased", reason="a test erasure")  # purges the files that held it
+    assert store.read_at(before, everything, ["chunk_id"]) is None
