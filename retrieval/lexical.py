@@ -9,8 +9,8 @@ memory, with N, the document frequencies and the average length taken over those
 caller's hits, their order and their scores are a function of what it may read and of nothing else.
 
 One analyser both finds the candidates and scores them: LanceDB's own (``lancedb.tokenize`` with the
-options of ``FTS()``, the configuration the ``text`` index is built with), so a row's terms are what
-Lance's index makes of its text. The BM25 is Lance's too (k1 = 1.2, b = 0.75, idf = ln(1 + (N - df
+options of ``FTS()``, the configuration a Lance ``text`` index is built with), so a row's terms are
+what such an index makes of its text. The BM25 is Lance's too (k1 = 1.2, b = 0.75, idf = ln(1 + (N - df
 + 0.5) / (df + 0.5)), a query term counted as often as it occurs): a caller who may read every row
 of a table gets the scores Lance's own index gives.
 """

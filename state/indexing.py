@@ -86,6 +86,8 @@ MERGE_RATIO = 4
 after it: the table stays a few large old fragments, each much larger than the rest together."""
 FRAGMENT_ROWS_MAX = 1024 * 1024
 """Lance's own target: a fragment this big is never merged again (only its deletions are)."""
+DELETED_SHARE = 0.1
+"""A fragment with more than this share of its rows deleted is rewritten without them (Lance's default)."""
 BATCHED_MERGE_FRAGMENTS = 8
 """After an ingest, small fragments are merged once this many are due, not after every commit."""
 BATCHED_UNINDEXED_SHARE, BATCHED_UNINDEXED_MIN = 0.01, 1_000
@@ -110,7 +112,7 @@ def merge_tail(rows: Sequence[int], *, at_least: int = 2) -> int:
 
 def compact(table: Any, *, batched: bool = False) -> None:
     """Fold new rows into the indexes, then merge the small fragments recent commits left
-    (``merge_tail``) and any fragment with a tenth of its rows deleted, keeping old versions
+    (``merge_tail``) and any fragment with over a tenth of its rows deleted, keeping old versions
     (erasure purges those itself, on purpose). The large old fragments are not rewritten for a few
     new rows: a small ingest stays cheap however large the table grows, and a reader's cache of the
     old fragments stays valid.
@@ -123,17 +125,27 @@ def compact(table: Any, *, batched: bool = False) -> None:
     fragments = [fragment.metadata for fragment in dataset.get_fragments()]
     rows = [fragment.num_rows for fragment in fragments]
     start = merge_tail(rows, at_least=BATCHED_MERGE_FRAGMENTS if batched else 2)
-    kept = [fragment.id for fragment in fragments[:start] if fragment.num_deletions < 0.1 * fragment.physical_rows]
+    kept = [
+        fragment.id
+        for fragment in fragments[:start]
+        if fragment.num_deletions <= DELETED_SHARE * fragment.physical_rows
+    ]
     merge = len(kept) < len(fragments)
-    physical = sum(fragment.physical_rows for fragment in fragments)  # deleted rows stay indexed until merged
-    indexed = [index.num_rows_indexed for index in dataset.describe_indices()]
-    unindexed = physical - min(indexed, default=physical)
+    indexes = dataset.describe_indices()
+    unindexed = sum(rows) - min((index.num_rows_indexed for index in indexes), default=sum(rows))  # both live rows
+    segments = max((len(index.segments) for index in indexes), default=1)
     due = max(BATCHED_UNINDEXED_MIN, BATCHED_UNINDEXED_SHARE * sum(rows)) if batched else 1
-    if indexed and (unindexed >= due or merge):  # folded first: Lance merges only fragments indexed alike
-        dataset.optimize.optimize_indices()
+    if indexes and (unindexed >= due or (merge and (unindexed > 0 or segments > 1))):
+        # every index back to one segment over every fragment: Lance merges only fragments that
+        # the same segments cover, and a fold may add a segment (the vector index's do)
+        dataset.optimize.optimize_indices(num_indices_to_merge=segments)
         table.checkout_latest()
     if merge:
-        table.to_lance().optimize.compact_files(excluded_fragment_ids=kept, target_rows_per_fragment=FRAGMENT_ROWS_MAX)
+        table.to_lance().optimize.compact_files(
+            excluded_fragment_ids=kept,
+            target_rows_per_fragment=FRAGMENT_ROWS_MAX,
+            materialize_deletions_threshold=DELETED_SHARE,
+        )
         table.checkout_latest()
 
 

@@ -5,13 +5,17 @@ full-text index is kept that no search reads."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import lancedb
+import numpy as np
+import pyarrow as pa
 import pytest
-from lancedb.index import FTS
+from lancedb.index import FTS, BTree, IvfHnswSq
 from support.raw_tables import raw_table
 
-from ragwarden.state.indexing import BATCHED_MERGE_FRAGMENTS, FRAGMENT_ROWS_MAX, merge_tail
+from ragwarden.state.indexing import BATCHED_MERGE_FRAGMENTS, FRAGMENT_ROWS_MAX, compact, merge_tail
 from ragwarden.warehouse import Warehouse
 
 PUBLIC = {"tenant": "acme", "acl": {"allow": ["everyone"]}, "labels": [], "classification": "public"}
@@ -111,3 +115,34 @@ def test_ingest_builds_no_text_index_and_optimize_drops_one_an_older_warehouse_b
     assert [index.index_type for index in raw_table(large_table_warehouse.store).list_indices() if index.index_type == "FTS"] == []
     hits = large_table_warehouse.search("reading of gauge bulk", subject="user:dave", tenant="acme", k=3, mode="fts")
     assert len(hits) == 3  # full-text search never needed it
+
+
+@pytest.fixture
+def vector_indexed_table(tmp_path: Path) -> Any:
+    """A bare table of 2,000 rows, one fragment, with a vector index and a BTREE on the ids."""
+    rng = np.random.default_rng(3)
+    table = lancedb.connect(tmp_path).create_table("rows", _rows(rng, "old", 2_000))
+    table.create_index("vector", config=IvfHnswSq(distance_type="cosine", num_partitions=4))
+    table.create_index("id", config=BTree())
+    return table
+
+
+def _rows(rng: np.random.Generator, prefix: str, count: int) -> pa.Table:
+    vectors = rng.standard_normal((count, 8)).astype(np.float32)
+    return pa.table({"id": [f"{prefix}-{n}" for n in range(count)],
+                     "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 8)})  # fmt: skip
+
+
+def test_batched_ingests_into_a_vector_indexed_table_keep_few_fragments_and_one_index_segment(vector_indexed_table: Any):
+    """Lance merges only fragments the same index segments cover, and a fold of the vector index
+    adds a segment: unless each fold merges them back, merges stop and fragments pile up."""
+    rng = np.random.default_rng(4)
+    before = vector_indexed_table.version
+    for n in range(60):
+        vector_indexed_table.add(_rows(rng, f"new{n}", 8))
+        compact(vector_indexed_table, batched=True)
+    fragments = [fragment.metadata.num_rows for fragment in vector_indexed_table.to_lance().get_fragments()]
+    assert fragments[0] == 2_000 and sum(fragments) == 2_480
+    assert len(fragments) <= 1 + 2 + BATCHED_MERGE_FRAGMENTS  # the large one, merged tails, the ones not yet due
+    assert {len(index.segments) for index in vector_indexed_table.to_lance().describe_indices()} == {1}
+    assert vector_indexed_table.version - before <= 60 + 4 * 60 // BATCHED_MERGE_FRAGMENTS  # a merge: two folds, rewrite, remap
