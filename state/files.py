@@ -123,11 +123,17 @@ class _ObjectFiles:
         return [info.base_name for info in found if info.type == pafs.FileType.File]
 
     def get(self, name: str) -> bytes | None:
+        """The object's bytes; None if it is gone, also when it went between the open and the read
+        (another writer folded and removed it): S3 then answers GetObject with a plain error."""
         try:
             with self._fs.open_input_stream(f"{self._prefix}/{name}") as source:
                 return bytes(source.read())
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if "RESOURCE_NOT_FOUND" in str(exc) or "NoSuchKey" in str(exc):
+                return None
+            raise
 
     def remove(self, name: str) -> None:
         try:
