@@ -516,8 +516,8 @@ class Searcher:
         )
 
     def _held(self, where: str, version: int, narrow: tuple[Narrowing, pa.Array] | None) -> VisibleRows | None:
-        """The rows ``where`` admits at ``version``, held (None if that version is gone: ``Store.read_at``), narrowed
-        to a filter's matches at that version when one is given."""
+        """The rows ``where`` admits at ``version``, held (None if that version is gone:
+        ``Store.read_at``), narrowed to a filter's matches at that version when one is given."""
         visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
         return self._narrowed_set(visible, ("narrowed", where, version), narrow)
 

@@ -124,6 +124,7 @@ def compact(table: Any, *, batched: bool = False) -> None:
     dataset = table.to_lance()
     fragments = [fragment.metadata for fragment in dataset.get_fragments()]
     rows = [fragment.num_rows for fragment in fragments]
+    live = sum(rows)
     start = merge_tail(rows, at_least=BATCHED_MERGE_FRAGMENTS if batched else 2)
     kept = [
         fragment.id
@@ -132,9 +133,9 @@ def compact(table: Any, *, batched: bool = False) -> None:
     ]
     merge = len(kept) < len(fragments)
     indexes = dataset.describe_indices()
-    unindexed = sum(rows) - min((index.num_rows_indexed for index in indexes), default=sum(rows))  # both live rows
+    unindexed = live - min((index.num_rows_indexed for index in indexes), default=live)  # both count live rows
     segments = max((len(index.segments) for index in indexes), default=1)
-    due = max(BATCHED_UNINDEXED_MIN, BATCHED_UNINDEXED_SHARE * sum(rows)) if batched else 1
+    due = max(BATCHED_UNINDEXED_MIN, BATCHED_UNINDEXED_SHARE * live) if batched else 1
     if indexes and (unindexed >= due or (merge and (unindexed > 0 or segments > 1))):
         # every index back to one segment over every fragment: Lance merges only fragments that
         # the same segments cover, and a fold may add a segment (the vector index's do)

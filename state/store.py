@@ -690,11 +690,11 @@ class Store:
             table.checkout_latest()
             if name == CHUNKS:
                 retrying_conflicts(lambda t=table: drop_text_index(t), what="dropping the text index")
-            if name == CHUNKS and has_vector_index(table):
-                retrying_conflicts(
-                    lambda t=table: ensure_vector_index(t, rows=t.count_rows(), rebuild=True),
-                    what="rebuilding the vector index",
-                )
+                if has_vector_index(table):
+                    retrying_conflicts(
+                        lambda t=table: ensure_vector_index(t, rows=t.count_rows(), rebuild=True),
+                        what="rebuilding the vector index",
+                    )
             latest, folder = table.to_lance(), self._table_folder(name)
             if folder is None:  # a store whose files cannot be listed: records and files go at once
                 removed[name] = prune_records(latest, older_than=timedelta(0))
