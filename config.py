@@ -119,7 +119,10 @@ class Settings:
     ``embed_batch_size`` None takes the device's batch size; ``embed_threads`` is how many threads
     one encoder call may use (None: every core; ``serve --workers N`` gives each process its share).
     ``max_in_flight`` and ``max_queued`` bound the HTTP requests at work and waiting; one more
-    answers 503 with ``Retry-After`` (``api.admission``).
+    answers 503 with ``Retry-After`` (``api.admission``). A few at work per process is the fastest:
+    beyond them, request threads only take turns at the interpreter lock, and the line no longer
+    answers first come, first served (measured in ``docs/performance.md``); a warehouse on object
+    storage, whose reads wait on round trips, may want more.
     ``flat_cache_mb`` bounds the vectors exact scans keep in memory per process (0: none).
     ``resident_index_mb`` bounds the resident serving index a process builds (``retrieval.serving``)
     for a table of 50,000 rows and more; a table whose index would not fit is searched through
@@ -150,8 +153,8 @@ class Settings:
     openlineage_env: Mapping[str, str] = field(default_factory=dict)
     auth: AuthSettings = field(default_factory=lambda: AuthSettings())
     max_body_bytes: int = 1024 * 1024
-    max_in_flight: int = 32
-    max_queued: int = 64
+    max_in_flight: int = 8
+    max_queued: int = 96
     flat_cache_mb: int = 256
     resident_index_mb: int = 4096
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)

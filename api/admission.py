@@ -14,14 +14,17 @@ timings. Who asked is in the audit receipt, not here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import OverloadedError
 from ..stages import measuring
+from .balance import WorkerLoads
 
 RETRY_AFTER_SECONDS = 1
 access = logging.getLogger("ragwarden.access")
@@ -30,11 +33,15 @@ access = logging.getLogger("ragwarden.access")
 class Admission:
     """ASGI middleware over the HTTP routes (``exempt`` path prefixes pass straight through)."""
 
-    def __init__(self, app: ASGIApp, *, max_in_flight: int, max_queued: int, exempt: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_in_flight: int, max_queued: int, exempt: tuple[str, ...] = (),
+        peers: WorkerLoads | None = None,
+    ) -> None:  # fmt: skip
         self.app = app
         self.max_in_flight = max_in_flight
         self.max_queued = max_queued
         self.exempt = exempt
+        self.peers = peers  # the other workers of ``serve --workers N``, whose loads this one evens out
         self._slots: asyncio.Semaphore | None = None
         self._waiting = 0
         self.refused = 0  # for monitoring
@@ -48,7 +55,7 @@ class Admission:
         arrived = time.perf_counter()
         if self._slots.locked() and self._waiting >= self.max_queued:
             self.refused += 1
-            await _overloaded(send, self.max_in_flight, self.max_queued)
+            await _overloaded(send, self.max_in_flight, self.max_queued, self._closing(scope))
             _log(scope, OverloadedError.status, arrived, arrived, {})
             return
         self._waiting += 1
@@ -60,10 +67,19 @@ class Admission:
         status = [500]  # what the app answered; 500 if it never started an answer
         try:
             with measuring() as stages:
-                await self.app(scope, receive, _timed(send, arrived, started, stages, status))
+                closing = functools.partial(self._closing, scope)  # asked once the answer starts
+                await self.app(scope, receive, _timed(send, arrived, started, stages, status, closing))
         finally:
             self._slots.release()
             _log(scope, status[0], arrived, started, stages)
+
+    def _closing(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        """``Connection: close`` when this worker serves more connections than its peers
+        (``balance``), else nothing."""
+        client = scope.get("client")
+        if self.peers is None or client is None:
+            return []
+        return [(b"connection", b"close")] if self.peers.answering(tuple(client)) else []
 
 
 def _log(scope: Scope, status: int, arrived: float, started: float, stages: dict[str, float]) -> None:
@@ -78,9 +94,13 @@ def _log(scope: Scope, status: int, arrived: float, started: float, stages: dict
     access.info(json.dumps(line, separators=(",", ":")))
 
 
-def _timed(send: Send, arrived: float, started: float, stages: dict[str, float], status: list[int]) -> Send:
+def _timed(
+    send: Send, arrived: float, started: float, stages: dict[str, float], status: list[int],
+    closing: Callable[[], list[tuple[bytes, bytes]]],
+) -> Send:  # fmt: skip
     """``send`` adding ``Server-Timing`` to the response's headers (milliseconds in line, at work,
-    and in each stage measured: embed, rank, check, receipt) and noting the status in ``status``."""
+    and in each stage measured: embed, rank, check, receipt), and ``closing()``'s headers, and
+    noting the status in ``status``."""
 
     async def timed(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -88,17 +108,18 @@ def _timed(send: Send, arrived: float, started: float, stages: dict[str, float],
             now = time.perf_counter()
             parts = [f"queue;dur={(started - arrived) * 1000:.1f}", f"app;dur={(now - started) * 1000:.1f}"]
             value = ", ".join([*parts, *(f"{name};dur={ms:.1f}" for name, ms in stages.items())])
-            message = {**message, "headers": [*message.get("headers", []), (b"server-timing", value.encode())]}
+            headers = [*message.get("headers", []), (b"server-timing", value.encode()), *closing()]
+            message = {**message, "headers": headers}
         await send(message)
 
     return timed
 
 
-async def _overloaded(send: Send, in_flight: int, queued: int) -> None:
+async def _overloaded(send: Send, in_flight: int, queued: int, extra: list[tuple[bytes, bytes]]) -> None:
     message = (f"the service is at capacity ({in_flight} requests at work, {queued} waiting); "
                f"retry in {RETRY_AFTER_SECONDS} s or on another replica")  # fmt: skip
     body = json.dumps({"error": {"code": OverloadedError.code, "message": message}}).encode("utf-8")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"retry-after", str(RETRY_AFTER_SECONDS).encode())]  # fmt: skip
+               (b"retry-after", str(RETRY_AFTER_SECONDS).encode()), *extra]  # fmt: skip
     await send({"type": "http.response.start", "status": OverloadedError.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

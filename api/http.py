@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi_offline import FastAPIOffline
 from pydantic import BeforeValidator
+from starlette.concurrency import run_in_threadpool
 
 from ..config import Settings
 from ..credentials import Authenticator, authenticator_for
@@ -25,6 +26,7 @@ from ..retrieval.manifest import ContextManifest
 from ..stages import measured
 from ..warehouse import Warehouse
 from .admission import Admission
+from .balance import WorkerLoads
 from .console import mount_console
 from .http_errors import ERROR_RESPONSES, install_error_handlers
 from .http_models import (
@@ -81,18 +83,27 @@ Instant = Annotated[datetime, BeforeValidator(_not_a_number)]
 _bearer = HTTPBearer(auto_error=False, description="A JWT from the identity provider, or an API key (rwk_...).")
 
 
-def _caller(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Identity:
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _header(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return f"{credentials.scheme} {credentials.credentials}" if credentials else None
+
+
+def _caller(request: Request, credentials: Bearer) -> Identity:
     """The verified identity of the request's bearer credential (401 without one)."""
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
     authenticator: Authenticator = request.app.state.authenticator
-    return authenticator.from_header(header)
+    return authenticator.from_header(_header(credentials))
 
 
 Verified = Annotated[Identity, Depends(_caller)]
 
 
-def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_mcp: bool = True) -> FastAPI:
-    """The FastAPI app over one warehouse; ``with_mcp`` mounts the MCP server at ``/mcp``."""
+def create_app(
+    settings: Settings, *, warehouse: Warehouse | None = None, with_mcp: bool = True, peers: WorkerLoads | None = None
+) -> FastAPI:
+    """The FastAPI app over one warehouse; ``with_mcp`` mounts the MCP server at ``/mcp``;
+    ``peers``: this process's slot among the workers of ``serve --workers N`` (``balance``)."""
     warehouse = warehouse or Warehouse(settings)
     warehouse.policy  # noqa: B018 -- a stored policy that does not load is refused before serving
     authenticator = authenticator_for(warehouse, settings.auth)
@@ -107,6 +118,9 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         async with contextlib.AsyncExitStack() as stack:
             if mcp_server is not None:
                 await stack.enter_async_context(mcp_server.session_manager.run())
+            if peers is not None:  # counted among the workers once it serves, until it stops
+                peers.claim()
+                stack.callback(peers.release)
             yield
 
     app = FastAPIOffline(  # /docs served from the package: it works where no CDN can be reached
@@ -120,7 +134,8 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(
-        Admission, max_in_flight=settings.max_in_flight, max_queued=settings.max_queued, exempt=("/healthz", "/readyz")
+        Admission, max_in_flight=settings.max_in_flight, max_queued=settings.max_queued, exempt=("/healthz", "/readyz"),
+        peers=peers,
     )
     app.state.warehouse = warehouse
     app.state.authenticator = authenticator
@@ -150,15 +165,24 @@ def create_app(settings: Settings, *, warehouse: Warehouse | None = None, with_m
         return IdentityModel(**identity.as_dict())
 
     @app.post("/v1/search", response_model=SearchResponse, tags=["retrieval"])
-    def search(body: SearchRequest, identity: Verified) -> SearchResponse:
+    async def search(body: SearchRequest, credentials: Bearer) -> Response:
         """The best k chunks the caller may read, with the context manifest of what they are."""
-        hits = warehouse.search(
-            body.query, caller=identity, k=body.k, mode=body.mode, min_version=body.min_version, purpose=body.purpose,
-            group_by=body.group_by, per_group=body.per_group, distinct=body.distinct, filter=body.filter,
-        )  # fmt: skip
-        return SearchResponse(
-            hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(ContextManifest.of(hits)), took_ms=measured()
-        )
+
+        # One hand-off to a worker thread for the whole search (the credential, the search, the
+        # answer's JSON): FastAPI's own path takes three (a sync dependency, the route, the response
+        # model's check), and under load each waits its turn at the interpreter lock.
+        def answer() -> Response:
+            identity = authenticator.from_header(_header(credentials))
+            hits = warehouse.search(
+                body.query, caller=identity, k=body.k, mode=body.mode, min_version=body.min_version, purpose=body.purpose,
+                group_by=body.group_by, per_group=body.per_group, distinct=body.distinct, filter=body.filter,
+            )  # fmt: skip
+            model = SearchResponse(
+                hits=[HitModel.of(h) for h in hits], manifest=ManifestModel.of(ContextManifest.of(hits)), took_ms=measured()
+            )
+            return Response(model.model_dump_json().encode(), media_type="application/json")
+
+        return await run_in_threadpool(answer)
 
     @app.get("/v1/chunks/{chunk_id}", response_model=HitModel, tags=["retrieval"])
     def get_chunk(chunk_id: ChunkId, identity: Verified) -> HitModel:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -288,6 +289,8 @@ def _drive(
                                 stages[name].append(_timing(timing, name))
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    gc.collect()  # the driver's own full collections walked what it built (the oracle, Lance, Arrow):
+    gc.freeze()  # stalls of 120-410 ms every few seconds, timed as the service's latency
     for thread in threads:
         thread.start()
     for thread in threads:

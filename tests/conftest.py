@@ -20,6 +20,7 @@ from support.live_server import serving
 from support.oracle import ORACLE_COLUMNS, oracle_visible, world_of_policy
 from support.raw_tables import raw_table
 
+from ragwarden.api.balance import WorkerLoads
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
 from ragwarden.embedder import Embedder, ensure_export
@@ -217,13 +218,14 @@ def small_warehouse(demo_policy_warehouse: Warehouse) -> Warehouse:
 @pytest.fixture
 def serve(auth_settings: AuthSettings) -> Iterator[Callable[..., str]]:
     """Serve a warehouse's API (no MCP) on 127.0.0.1 until the test ends: serve(warehouse, max_body_bytes=...);
-    ``auth`` replaces the HS256 test settings, ``configure`` gets the app before it starts."""
+    ``auth`` replaces the HS256 test settings, ``configure`` gets the app before it starts, ``peers``
+    makes it one of several workers (``api.balance``)."""
     with contextlib.ExitStack() as stack:
 
-        def start(warehouse: Warehouse, *, auth: AuthSettings | None = None,
-                  configure: Callable[[Any], None] | None = None, **settings: Any) -> str:
+        def start(warehouse: Warehouse, *, auth: AuthSettings | None = None, configure: Callable[[Any], None] | None = None,
+                  peers: WorkerLoads | None = None, **settings: Any) -> str:
             app = create_app(Settings(warehouse=warehouse.uri, auth=auth or auth_settings, **settings),
-                             warehouse=warehouse, with_mcp=False)
+                             warehouse=warehouse, with_mcp=False, peers=peers)
             if configure is not None:
                 configure(app)
             return stack.enter_context(serving(app))

@@ -1,6 +1,7 @@
 """Under more load than it was started to take, the service refuses at once with 503 and
 Retry-After instead of queueing without bound; health probes still answer; every answer says in
-Server-Timing how long it waited and worked."""
+Server-Timing how long it waited and worked; a worker holding more than its peers closes
+connections so that their clients dial again."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from ragwarden.api.balance import WorkerLoads, create_loads_file
 from ragwarden.warehouse import Warehouse
 
 HOLD_SECONDS = 1.0
@@ -86,3 +89,31 @@ def test_each_request_leaves_one_json_access_line_without_its_query(
     assert {"queue_ms", "app_ms", "embed_ms", "receipt_ms"} <= set(lines[0])
     assert not any(secret_query in r.getMessage() or "user:dave" in r.getMessage() or "Bearer" in r.getMessage()
                    for r in caplog.records)  # fmt: skip
+
+
+def test_a_worker_serving_more_connections_than_its_peer_closes_some_and_one_within_the_margin_keeps_them(
+    small_warehouse: Warehouse, serve: Callable[..., str], tmp_path: Path
+):
+    loads = create_loads_file(str(tmp_path))
+    worker = WorkerLoads(loads, window=0.5)
+    url = serve(small_warehouse, peers=worker, configure=_with_a_slow_route)
+    peer = WorkerLoads(loads)  # another worker of the same server, idle
+    peer.claim()
+
+    def closed_of(concurrent: int) -> list[bool]:
+        """Whether each of ``concurrent`` requests, each on a connection of its own, was answered
+        with ``Connection: close``."""
+        answers: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda: answers.append(httpx.get(f"{url}/v1/test-slow", timeout=30)))
+                   for _ in range(concurrent)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [a.status_code for a in answers] == [200] * concurrent
+        return [a.headers.get("connection") == "close" for a in answers]
+
+    assert sum(closed_of(5)) >= 2, "five connections against an idle peer: past the margin of two"
+    assert worker.closed >= 2
+    time.sleep(worker.window + 0.1)  # those connections are quiet now, and no longer count
+    assert closed_of(2) == [False, False], "two against an idle peer is within the margin"

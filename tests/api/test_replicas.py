@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import httpx
+import psutil
 import pytest
 from support.demo_world import demo_world
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
@@ -340,9 +341,11 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def test_serve_with_two_workers_answers_from_two_processes_into_one_valid_log(
-    shared_warehouse, mint, tmp_path_factory, onnx_worker_env
-):
+@pytest.fixture(scope="module")
+def two_workers(
+    shared_warehouse: Warehouse, tmp_path_factory: pytest.TempPathFactory, onnx_worker_env: dict[str, str]
+) -> Iterator[tuple[Replica, list[int]]]:
+    """``ragwarden serve --workers 2`` over the shared warehouse, and its worker processes."""
     served = Replica(shared_warehouse.uri, replica_env(onnx_worker_env), tmp_path_factory.mktemp("workers-logs"),
                      args=("--workers", "2", "--no-mcp"))  # fmt: skip
     served.start()
@@ -350,21 +353,58 @@ def test_serve_with_two_workers_answers_from_two_processes_into_one_valid_log(
         assert served.process is not None
         workers = [pid for pid in _children(served.process.pid) if b"spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(workers) >= 2, f"worker processes under the server: {workers}"
-        alice = bearer(mint, "alice")
-        answers: list[int] = []
+        yield served, workers
+    finally:
+        served.stop()
 
-        def search(n: int) -> None:
-            answers.append(httpx.post(f"{served.url}/v1/search", json={"query": f"salary bands {n}", "k": 3},
-                                      headers=alice, timeout=60).status_code)  # fmt: skip
 
-        threads = [threading.Thread(target=search, args=(n,)) for n in range(16)]
+def test_serve_with_two_workers_answers_from_two_processes_into_one_valid_log(shared_warehouse, mint, two_workers):
+    served, _ = two_workers
+    alice = bearer(mint, "alice")
+    answers: list[int] = []
+
+    def search(n: int) -> None:
+        answers.append(httpx.post(f"{served.url}/v1/search", json={"query": f"salary bands {n}", "k": 3},
+                                  headers=alice, timeout=60).status_code)  # fmt: skip
+
+    threads = [threading.Thread(target=search, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == [200] * 16
+    recorded = {r.query_fingerprint for r in shared_warehouse.audit.query(operation="search", subject="user:alice")}
+    assert all(fingerprint(f"salary bands {n}") in recorded for n in range(16))
+    assert shared_warehouse.audit.verify().ok
+
+
+def test_two_workers_even_out_a_burst_of_kept_alive_connections(mint, two_workers):
+    """Sixteen clients dial at once and keep their connections: the worker that accepted more of
+    them closes some (``api.balance``), and the clients, dialling again, end spread over both."""
+    served, workers = two_workers
+    port = int(served.url.rsplit(":", 1)[1])
+    alice = bearer(mint, "alice")
+    clients = [httpx.Client(headers=alice, timeout=60) for _ in range(16)]
+    start = threading.Barrier(len(clients))
+    statuses: list[int] = []
+    held: dict[int, int] = {}
+
+    def search(client: httpx.Client) -> None:
+        start.wait()
+        for n in range(25):
+            statuses.append(client.post(f"{served.url}/v1/search", json={"query": f"menu {n}", "k": 3}).status_code)
+
+    threads = [threading.Thread(target=search, args=(client,)) for client in clients]
+    try:
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert answers == [200] * 16
+        for pid in workers:  # the clients' connections each worker holds, now that they are idle
+            held[pid] = sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
+                            if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)  # fmt: skip
     finally:
-        served.stop()
-    recorded = {r.query_fingerprint for r in shared_warehouse.audit.query(operation="search", subject="user:alice")}
-    assert all(fingerprint(f"salary bands {n}") in recorded for n in range(16))
-    assert shared_warehouse.audit.verify().ok
+        for client in clients:
+            client.close()
+    assert statuses == [200] * 16 * 25
+    assert sum(held.values()) == 16 and min(held.values()) >= 5, f"connections per worker: {held}"
