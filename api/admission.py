@@ -31,23 +31,29 @@ access = logging.getLogger("ragwarden.access")
 
 
 class Admission:
-    """ASGI middleware over the HTTP routes (``exempt`` path prefixes pass straight through)."""
+    """ASGI middleware over the HTTP routes (``exempt`` path prefixes pass straight through).
+
+    ``streams``: path prefixes of sessions held in this process (MCP). A GET there opens a stream
+    that waits for messages for as long as the client likes: it passes unadmitted, or a few open
+    streams would hold every place at work. And no answer there closes its connection to even the
+    workers' loads: the session would not follow the client to another worker."""
 
     def __init__(
         self, app: ASGIApp, *, max_in_flight: int, max_queued: int, exempt: tuple[str, ...] = (),
-        peers: WorkerLoads | None = None,
+        streams: tuple[str, ...] = (), peers: WorkerLoads | None = None,
     ) -> None:  # fmt: skip
         self.app = app
         self.max_in_flight = max_in_flight
         self.max_queued = max_queued
         self.exempt = exempt
+        self.streams = streams
         self.peers = peers  # the other workers of ``serve --workers N``, whose loads this one evens out
         self._slots: asyncio.Semaphore | None = None
         self._waiting = 0
         self.refused = 0  # for monitoring
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(self.exempt):
+        if scope["type"] != "http" or scope["path"].startswith(self.exempt) or self._listening(scope):
             await self.app(scope, receive, send)
             return
         if self._slots is None:  # made on the server's own event loop
@@ -55,8 +61,9 @@ class Admission:
         arrived = time.perf_counter()
         if self._slots.locked() and self._waiting >= self.max_queued:
             self.refused += 1
-            await _overloaded(send, self.max_in_flight, self.max_queued, self._closing(scope))
-            _log(scope, OverloadedError.status, arrived, arrived, {})
+            closing = self._closing(scope)
+            await _overloaded(send, self.max_in_flight, self.max_queued, closing)
+            _log(scope, {"status": OverloadedError.status, "rebalanced": bool(closing)}, arrived, arrived, {})
             return
         self._waiting += 1
         try:
@@ -64,29 +71,33 @@ class Admission:
         finally:
             self._waiting -= 1
         started = time.perf_counter()
-        status = [500]  # what the app answered; 500 if it never started an answer
+        answer: dict[str, object] = {"status": 500, "rebalanced": False}  # 500 if the app never started one
         try:
             with measuring() as stages:
                 closing = functools.partial(self._closing, scope)  # asked once the answer starts
-                await self.app(scope, receive, _timed(send, arrived, started, stages, status, closing))
+                await self.app(scope, receive, _timed(send, arrived, started, stages, answer, closing))
         finally:
             self._slots.release()
-            _log(scope, status[0], arrived, started, stages)
+            _log(scope, answer, arrived, started, stages)
+
+    def _listening(self, scope: Scope) -> bool:
+        return scope.get("method") == "GET" and scope["path"].startswith(self.streams)
 
     def _closing(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """``Connection: close`` when this worker serves more connections than its peers
         (``balance``), else nothing."""
         client = scope.get("client")
-        if self.peers is None or client is None:
+        if self.peers is None or client is None or scope["path"].startswith(self.streams):
             return []
         return [(b"connection", b"close")] if self.peers.answering(tuple(client)) else []
 
 
-def _log(scope: Scope, status: int, arrived: float, started: float, stages: dict[str, float]) -> None:
+def _log(scope: Scope, answer: dict[str, object], arrived: float, started: float, stages: dict[str, float]) -> None:
     line = {
         "method": scope.get("method"),
         "path": scope.get("path"),
-        "status": status,
+        "status": answer["status"],
+        **({"rebalanced": True} if answer["rebalanced"] else {}),  # closed to even the workers' loads
         "queue_ms": round((started - arrived) * 1000, 1),
         "app_ms": round((time.perf_counter() - started) * 1000, 1),
         **{f"{name}_ms": round(ms, 1) for name, ms in stages.items()},
@@ -95,21 +106,22 @@ def _log(scope: Scope, status: int, arrived: float, started: float, stages: dict
 
 
 def _timed(
-    send: Send, arrived: float, started: float, stages: dict[str, float], status: list[int],
+    send: Send, arrived: float, started: float, stages: dict[str, float], answer: dict[str, object],
     closing: Callable[[], list[tuple[bytes, bytes]]],
 ) -> Send:  # fmt: skip
     """``send`` adding ``Server-Timing`` to the response's headers (milliseconds in line, at work,
     and in each stage measured: embed, rank, check, receipt), and ``closing()``'s headers, and
-    noting the status in ``status``."""
+    noting in ``answer`` its status and whether it closes the connection."""
 
     async def timed(message: Message) -> None:
         if message["type"] == "http.response.start":
-            status[0] = int(message["status"])
+            answer["status"] = int(message["status"])
             now = time.perf_counter()
             parts = [f"queue;dur={(started - arrived) * 1000:.1f}", f"app;dur={(now - started) * 1000:.1f}"]
             value = ", ".join([*parts, *(f"{name};dur={ms:.1f}" for name, ms in stages.items())])
-            headers = [*message.get("headers", []), (b"server-timing", value.encode()), *closing()]
-            message = {**message, "headers": headers}
+            closes = closing()
+            answer["rebalanced"] = bool(closes)
+            message = {**message, "headers": [*message.get("headers", []), (b"server-timing", value.encode()), *closes]}
         await send(message)
 
     return timed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -13,7 +12,7 @@ import click
 from ..config import Settings
 from ..credentials import ApiKeys, api_keys_at
 from ..errors import ConfigurationError
-from .balance import WorkerLoads, create_loads_file
+from .balance import create_loads_file, worker_loads
 from .cli_options import common_options
 
 
@@ -57,6 +56,7 @@ def serve(host: str, port: int, no_mcp: bool, workers: int, settings: Settings) 
     try:
         uvicorn.run("ragwarden.api.cli_service:app_from_env", factory=True, workers=workers, **options)
     finally:
+        os.environ.pop(SERVE_LOADS, None)
         loads.unlink(missing_ok=True)
 
 
@@ -69,8 +69,7 @@ def app_from_env() -> Any:
     from .http import create_app
 
     _one_blas_thread_per_call()
-    loads = os.environ.get(SERVE_LOADS)
-    peers = WorkerLoads(Path(loads)) if loads else None
+    peers = worker_loads(os.environ.get(SERVE_LOADS))
     app = create_app(Settings.from_env(), with_mcp=os.environ.get(SERVE_MCP, "1") != "0", peers=peers)
     _freeze_startup_objects()
     return app

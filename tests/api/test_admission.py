@@ -5,6 +5,7 @@ connections so that their clients dial again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -92,7 +93,7 @@ def test_each_request_leaves_one_json_access_line_without_its_query(
 
 
 def test_a_worker_serving_more_connections_than_its_peer_closes_some_and_one_within_the_margin_keeps_them(
-    small_warehouse: Warehouse, serve: Callable[..., str], tmp_path: Path
+    small_warehouse: Warehouse, serve: Callable[..., str], tmp_path: Path, caplog
 ):
     loads = create_loads_file(str(tmp_path))
     worker = WorkerLoads(loads, window=0.5)
@@ -113,7 +114,34 @@ def test_a_worker_serving_more_connections_than_its_peer_closes_some_and_one_wit
         assert [a.status_code for a in answers] == [200] * concurrent
         return [a.headers.get("connection") == "close" for a in answers]
 
+    caplog.set_level(logging.INFO, logger="ragwarden.access")
     assert sum(closed_of(5)) >= 2, "five connections against an idle peer: past the margin of two"
     assert worker.closed >= 2
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragwarden.access"]
+    assert sum(line.get("rebalanced", False) for line in lines) == worker.closed, "the access log says which"
     time.sleep(worker.window + 0.1)  # those connections are quiet now, and no longer count
     assert closed_of(2) == [False, False], "two against an idle peer is within the margin"
+
+
+def _with_a_listening_stream(app: Any) -> None:
+    """A GET under the MCP path that stays open a known time, as a client's listening stream does."""
+
+    @app.get("/mcp/test-listen")
+    async def listen() -> dict[str, str]:
+        await asyncio.sleep(HOLD_SECONDS)
+        return {"status": "done"}
+
+
+def test_listening_streams_hold_no_place_at_work(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+):
+    url = serve(small_warehouse, max_in_flight=1, max_queued=0, configure=_with_a_listening_stream)
+    streams = [threading.Thread(target=httpx.get, args=(f"{url}/mcp/test-listen",), kwargs={"timeout": 30})
+               for _ in range(3)]  # fmt: skip
+    for stream in streams:
+        stream.start()
+    time.sleep(0.3)  # three streams open, each for a second
+    answer = httpx.post(f"{url}/v1/search", json={"query": "menu"}, headers=bearer("alice"), timeout=30)
+    for stream in streams:
+        stream.join()
+    assert answer.status_code == 200, "the one place at work was free: open streams are not work"

@@ -393,3 +393,24 @@ def test_an_api_key_with_a_wrong_secret_is_refused(keyed):
     key_id, secret = key.split(".")
     refused(client.get("/v1/whoami", headers=bearer(f"{key_id}.{secret[::-1]}")), "unknown API key")
     refused(client.get("/v1/whoami", headers=bearer(f"{key_id}.")), "malformed")
+
+
+def test_a_credential_is_decided_on_the_event_loop_only_where_that_needs_no_io(demo_warehouse, idp, jwks_url, mint):
+    """The search route decides a shared-secret token (or a missing one) on the event loop, and
+    leaves what needs the warehouse (an API key) or the published keys (an asymmetric token) to a
+    worker thread: ``at_hand`` answers None for those, never a guess."""
+    from ragwarden.credentials import authenticator_for
+    from ragwarden.errors import AuthenticationError
+
+    settings = AuthSettings(jwt_secret=JWT_SECRET, jwt_jwks=jwks_url, issuer=ISSUER, audience=AUDIENCE)
+    authenticator = authenticator_for(demo_warehouse, settings)
+    decided = authenticator.at_hand(f"Bearer {mint('alice')}")
+    assert decided is not None and decided.subject == "user:alice" and decided.tenant == "acme"
+    assert authenticator.at_hand(f"Bearer {idp.sign('rsa-1', claims())}") is None
+    assert authenticator.at_hand("Bearer rwk_0123456789abcdef.secret") is None
+    for refused_header in (None, "Basic xyz", "Bearer not-a-token"):
+        with pytest.raises(AuthenticationError):
+            authenticator.at_hand(refused_header)
+    forged = jwt.encode(claims(), "not the shared secret, but as long as one", algorithm="HS256")
+    with pytest.raises(AuthenticationError, match="signature"):
+        authenticator.at_hand(f"Bearer {forged}")

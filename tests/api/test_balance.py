@@ -1,9 +1,12 @@
 """The workers of ``serve --workers N`` publish their loads in one mapped file: each claims a slot
-of its own, a slot of a process that is gone is free again, and a worker serving more connections
-than the least loaded other, by more than the margin, is the one that closes a connection."""
+of its own, a slot not published for a few windows (its worker gone) is no peer and is claimed
+again, and a worker serving more connections than the least loaded other, by more than the
+margin, is the one that closes a connection."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ragwarden.api.balance import WorkerLoads, create_loads_file
+from ragwarden.api.balance import STALE_WINDOWS, WorkerLoads, create_loads_file, worker_loads
 
 
 class Clock:
@@ -50,11 +53,11 @@ def connections(worker: WorkerLoads, count: int, start: int = 0) -> list[bool]:
     return [worker.answering(("127.0.0.1", port)) for port in range(start, start + count)]
 
 
-def test_each_worker_claims_a_slot_of_its_own_and_gives_it_back(two_claimed_workers):
+def test_each_worker_claims_a_slot_of_its_own_and_gives_it_back(two_claimed_workers, clock):
     first, second = two_claimed_workers
     assert first.slot is not None and second.slot is not None and first.slot != second.slot
     first.release()
-    third = WorkerLoads(first.path)
+    third = WorkerLoads(first.path, clock=clock)
     third.claim()
     assert third.slot is not None and third.slot != second.slot
 
@@ -75,9 +78,19 @@ def test_a_connection_quiet_for_the_window_no_longer_counts(two_claimed_workers,
     connections(first, 2)
     clock.now += first.window + 0.1
     assert connections(first, 2, start=10) == [False, False], "the two quiet ones left the count"
-    connections(second, 1)
+    second.publish()
     clock.now += 0.5
     assert connections(first, 2, start=10) == [False, False], "the same two again: still two"
+
+
+def test_an_idle_worker_that_publishes_draws_connections_and_one_that_stopped_does_not(two_claimed_workers, clock):
+    first, second = two_claimed_workers
+    connections(second, 2)
+    clock.now += second.window * 2
+    second.publish()  # idle now, and says so
+    assert any(connections(first, 10)), "the idle peer's load reads as 0, not as its last answer's 2"
+    clock.now += second.window * (STALE_WINDOWS + 0.5)  # it stopped publishing: a worker gone
+    assert not any(connections(first, 10, start=100)), "a stale slot is no peer to send clients to"
 
 
 def test_a_worker_alone_or_unclaimed_never_closes(loads_file: Path):
@@ -87,17 +100,44 @@ def test_a_worker_alone_or_unclaimed_never_closes(loads_file: Path):
     assert not any(connections(alone, 50)), "no other worker to send the client to"
 
 
-def test_the_slot_of_a_process_that_is_gone_is_ignored_and_reclaimed(loads_file: Path):
-    """A worker killed without giving its slot back (SIGKILL) leaves its pid and load behind."""
-    survivor = WorkerLoads(loads_file)
+def test_the_slot_of_a_worker_gone_is_no_peer_and_is_claimed_again(loads_file: Path, clock):
+    """A worker killed without giving its slot back (SIGKILL) leaves its pid, load and stamp behind
+    (and its pid may be reused by any process): its slot goes stale, whatever that pid is now."""
+    survivor = WorkerLoads(loads_file, clock=clock)
     survivor.claim()
     script = ("import sys; from pathlib import Path; from ragwarden.api.balance import WorkerLoads; "
-              "w = WorkerLoads(Path(sys.argv[1])); w.claim(); print(w.slot)")  # fmt: skip
-    gone = subprocess.run([sys.executable, "-c", script, str(loads_file)], capture_output=True, text=True, check=True)
+              "w = WorkerLoads(Path(sys.argv[1]), clock=lambda: float(sys.argv[2])); w.claim(); print(w.slot)")  # fmt: skip
+    gone = subprocess.run([sys.executable, "-c", script, str(loads_file), str(clock.now)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
     dead_slot = int(gone.stdout)
     assert dead_slot != survivor.slot
-    assert not any(connections(survivor, 30)), "a dead worker's idle slot draws no connections its way"
-    newcomer = WorkerLoads(loads_file)
+    assert any(connections(survivor, 5)), "while its stamp is fresh, the other worker counts as an idle peer"
+    clock.now += survivor.window * (STALE_WINDOWS + 0.5)
+    assert not any(connections(survivor, 30, start=10)), "stale: no peer to send clients to"
+    newcomer = WorkerLoads(loads_file, clock=clock)
     newcomer.claim()
-    assert newcomer.slot == dead_slot, "a restarted worker takes the slot of the one that is gone"
-    assert survivor.answering(("127.0.0.1", 0)), "now there is a live idle worker to send clients to"
+    assert newcomer.slot == dead_slot, "a new worker takes the slot of the one that is gone"
+    assert survivor.answering(("127.0.0.1", 10)), "now there is a live idle worker to send clients to"
+
+
+def test_a_worker_that_found_no_slot_claims_one_once_it_frees_while_it_keeps_publishing(loads_file: Path, clock):
+    holders = [WorkerLoads(loads_file, clock=clock) for _ in range(64)]
+    for holder in holders:
+        holder.claim()
+    late = WorkerLoads(loads_file, window=0.04, clock=clock)
+    late.claim()
+    assert late.slot is None, "every slot is taken"
+    holders[5].release()
+
+    async def publish_a_while() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(late.keep_published(), timeout=0.05)
+
+    asyncio.run(publish_a_while())
+    assert late.slot == 5
+
+
+def test_a_loads_file_that_cannot_be_mapped_leaves_the_worker_serving_unbalanced(tmp_path: Path, caplog):
+    assert worker_loads(None) is None
+    assert worker_loads(str(tmp_path / "removed-by-a-temp-cleaner.loads")) is None
+    assert "serving without balancing" in caplog.text

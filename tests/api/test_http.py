@@ -486,6 +486,13 @@ def test_a_caller_without_credentials_is_401_on_every_governed_route(small_servi
         assert response.headers["www-authenticate"].startswith("Bearer")
 
 
+def test_a_caller_without_credentials_hears_401_before_anything_about_its_body(small_service):
+    """A body that would not validate (k of 0, a subject field the API does not take) still answers
+    401, not 422 describing the schema: who asks is decided first."""
+    response = small_service.post("/v1/search", json={"query": "x", "k": 0, "subject": "user:admin"})
+    error_of(response, 401, "unauthenticated")
+
+
 def test_a_forbidden_chunk_reads_byte_for_byte_like_a_missing_one(as_user, demo_warehouse):
     (secret,) = demo_warehouse.store.chunk_ids_of("acme-fin-001")
     missing = uuid.uuid4().hex

@@ -380,7 +380,8 @@ def test_serve_with_two_workers_answers_from_two_processes_into_one_valid_log(sh
 
 def test_two_workers_even_out_a_burst_of_kept_alive_connections(mint, two_workers):
     """Sixteen clients dial at once and keep their connections: the worker that accepted more of
-    them closes some (``api.balance``), and the clients, dialling again, end spread over both."""
+    them closes some (``api.balance``), and the clients, dialling again, end spread over both within
+    the margin (a burst split 12 to 4 before)."""
     served, workers = two_workers
     port = int(served.url.rsplit(":", 1)[1])
     alice = bearer(mint, "alice")
@@ -407,4 +408,5 @@ def test_two_workers_even_out_a_burst_of_kept_alive_connections(mint, two_worker
         for client in clients:
             client.close()
     assert statuses == [200] * 16 * 25
-    assert sum(held.values()) == 16 and min(held.values()) >= 5, f"connections per worker: {held}"
+    # a client whose last answer closed its connection holds none: 16 or a few fewer in all
+    assert sum(held.values()) >= 12 and min(held.values()) >= sum(held.values()) // 2 - 2, f"per worker: {held}"
