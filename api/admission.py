@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import OverloadedError
 from ..stages import measuring
 from .balance import WorkerLoads
+from .limits import CLIENT_CLOSED_STATUS, CLIENT_GONE
 
 RETRY_AFTER_SECONDS = 1
 access = logging.getLogger("ragwarden.access")
@@ -93,10 +94,11 @@ class Admission:
 
 
 def _log(scope: Scope, answer: dict[str, object], arrived: float, started: float, stages: dict[str, float]) -> None:
+    gone = not answer.get("started") and scope.get("state", {}).get(CLIENT_GONE)
     line = {
         "method": scope.get("method"),
         "path": scope.get("path"),
-        "status": answer["status"],
+        "status": CLIENT_CLOSED_STATUS if gone else answer["status"],
         **({"rebalanced": True} if answer["rebalanced"] else {}),  # closed to even the workers' loads
         "queue_ms": round((started - arrived) * 1000, 1),
         "app_ms": round((time.perf_counter() - started) * 1000, 1),
@@ -115,7 +117,7 @@ def _timed(
 
     async def timed(message: Message) -> None:
         if message["type"] == "http.response.start":
-            answer["status"] = int(message["status"])
+            answer["status"], answer["started"] = int(message["status"]), True
             now = time.perf_counter()
             parts = [f"queue;dur={(started - arrived) * 1000:.1f}", f"app;dur={(now - started) * 1000:.1f}"]
             value = ", ".join([*parts, *(f"{name};dur={ms:.1f}" for name, ms in stages.items())])

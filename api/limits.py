@@ -1,7 +1,10 @@
 """Request body size limit, enforced before anything parses the body.
 
 A body over the limit answers 413 naming the limit, whether it declared its length or streamed
-it in chunks; nothing of it is parsed or written.
+it in chunks; nothing of it is parsed or written. A request whose client hung up before its body
+was read (while it waited in line, say) is not run at all: it would be answered, as a body-less
+request, with a 422 no one reads. It is marked ``CLIENT_GONE`` in its scope's state, so that the
+access log records it as 499, the status servers use for a request its client closed.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+CLIENT_GONE = "ragwarden.client_gone"
+CLIENT_CLOSED_STATUS = 499
 
 
 class BodyLimit:
@@ -39,6 +45,9 @@ class BodyLimit:
         more = True
         while more:
             message = await receive()
+            if message["type"] == "http.disconnect":  # the client hung up (waiting in line, say): no one to answer
+                scope.setdefault("state", {})[CLIENT_GONE] = True
+                return
             if message["type"] != "http.request":
                 break
             chunk = message.get("body", b"")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -145,3 +146,26 @@ def test_listening_streams_hold_no_place_at_work(
     for stream in streams:
         stream.join()
     assert answer.status_code == 200, "the one place at work was free: open streams are not work"
+
+
+def test_a_request_whose_client_hung_up_in_line_is_not_run_and_is_logged_as_499(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
+):
+    url = serve(small_warehouse, max_in_flight=1, max_queued=4, configure=_with_a_slow_route)
+    caplog.set_level(logging.INFO, logger="ragwarden.access")
+    holder = threading.Thread(target=httpx.get, args=(f"{url}/v1/test-slow",), kwargs={"timeout": 30})
+    holder.start()
+    time.sleep(0.3)  # the one place at work is held for a second
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"query": "cafeteria menu"}).encode()
+    head = (f"POST /v1/search HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nAuthorization: {bearer('alice')['Authorization']}\r\n\r\n")  # fmt: skip
+    with socket.create_connection((host, int(port))) as hung_up:
+        hung_up.sendall(head.encode() + body)
+        time.sleep(0.2)  # in line behind the slow request; then the client goes
+    holder.join()
+    time.sleep(0.3)
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragwarden.access"]
+    searches = [line for line in lines if line["path"] == "/v1/search"]
+    assert [line["status"] for line in searches] == [499], f"access lines of the search: {searches}"
+    assert "embed_ms" not in searches[0], "the search itself never ran"
