@@ -194,6 +194,15 @@ def _bearer_credential(authorization: str | None) -> str:
     return credential.strip()
 
 
+def _unverified_header(token: str) -> dict[str, Any]:
+    """A JWT's header, read before its signature is checked (to find its key); refused when the
+    credential is no JWT at all."""
+    try:
+        return jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        raise AuthenticationError("credential is neither an API key nor a well-formed JWT") from None
+
+
 class Authenticator:
     """Turns a bearer credential into an ``Identity``, or refuses with ``AuthenticationError``."""
 
@@ -212,13 +221,9 @@ class Authenticator:
         (tens of microseconds); None where the answer needs the warehouse (an API key) or the
         identity provider's published keys (an asymmetric token)."""
         credential = _bearer_credential(authorization)
-        if credential.startswith(PREFIX) or not (self.settings.jwt_enabled and self.settings.jwt_secret):
+        if credential.startswith(PREFIX) or not self.settings.jwt_enabled:
             return None
-        try:
-            algorithm = jwt.get_unverified_header(credential).get("alg")
-        except jwt.PyJWTError:
-            raise AuthenticationError("credential is neither an API key nor a well-formed JWT") from None
-        return self._verify_jwt(credential) if algorithm == "HS256" else None
+        return self._verify_jwt(credential) if self._shared_secret_signs(_unverified_header(credential)) else None
 
     def verify(self, credential: str) -> Identity:
         if credential.startswith(PREFIX):
@@ -226,13 +231,13 @@ class Authenticator:
             return Identity(subject=record.subject, tenant=record.tenant, method="api-key")
         return self._verify_jwt(credential)
 
+    def _shared_secret_signs(self, header: dict[str, Any]) -> bool:
+        return header.get("alg") == "HS256" and bool(self.settings.jwt_secret)
+
     def _signing_key(self, token: str) -> tuple[Any, str]:
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError:
-            raise AuthenticationError("credential is neither an API key nor a well-formed JWT") from None
+        header = _unverified_header(token)
         algorithm = header.get("alg")
-        if algorithm == "HS256" and self.settings.jwt_secret:
+        if self._shared_secret_signs(header):
             return self.settings.jwt_secret, algorithm
         if algorithm in ASYMMETRIC and self._jwks is not None:
             key = self._jwks.key(header.get("kid"))

@@ -72,7 +72,7 @@ class Admission:
         finally:
             self._waiting -= 1
         started = time.perf_counter()
-        answer: dict[str, object] = {"status": 500, "rebalanced": False}  # 500 if the app never started one
+        answer: dict[str, object] = {"status": None, "rebalanced": False}  # None until the app starts one
         try:
             with measuring() as stages:
                 closing = functools.partial(self._closing, scope)  # asked once the answer starts
@@ -94,11 +94,13 @@ class Admission:
 
 
 def _log(scope: Scope, answer: dict[str, object], arrived: float, started: float, stages: dict[str, float]) -> None:
-    gone = not answer.get("started") and scope.get("state", {}).get(CLIENT_GONE)
+    status = answer["status"]
+    if status is None:  # no answer started: the client hung up before its request ran, or the app failed
+        status = CLIENT_CLOSED_STATUS if scope.get("state", {}).get(CLIENT_GONE) else 500
     line = {
         "method": scope.get("method"),
         "path": scope.get("path"),
-        "status": CLIENT_CLOSED_STATUS if gone else answer["status"],
+        "status": status,
         **({"rebalanced": True} if answer["rebalanced"] else {}),  # closed to even the workers' loads
         "queue_ms": round((started - arrived) * 1000, 1),
         "app_ms": round((time.perf_counter() - started) * 1000, 1),
@@ -117,7 +119,7 @@ def _timed(
 
     async def timed(message: Message) -> None:
         if message["type"] == "http.response.start":
-            answer["status"], answer["started"] = int(message["status"]), True
+            answer["status"] = int(message["status"])
             now = time.perf_counter()
             parts = [f"queue;dur={(started - arrived) * 1000:.1f}", f"app;dur={(now - started) * 1000:.1f}"]
             value = ", ".join([*parts, *(f"{name};dur={ms:.1f}" for name, ms in stages.items())])
