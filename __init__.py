@@ -10,6 +10,7 @@ from .config import Settings
 from .errors import (
     AuthenticationError,
     ConfigurationError,
+    DeadlineExceededError,
     InvalidPolicyError,
     InvalidRequestError,
     InvalidSourceError,
@@ -44,6 +45,7 @@ __all__ = [
     "Classification",
     "ConfigurationError",
     "ContextManifest",
+    "DeadlineExceededError",
     "Decision",
     "DerivedRow",
     "Explanation",

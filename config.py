@@ -34,6 +34,24 @@ def check_embed_backend(value: object) -> EmbedBackend:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FilterLimits:
+    """How large a search's narrowing filter may be (``retrieval.narrowing``): its bytes as JSON,
+    its conditions (field-operator pairs), its nesting of ``$and``/``$or``, and the values of one
+    ``$in``/``$nin``. Compiling and evaluating a filter is linear in its size, so these bound what
+    one request can cost; a filter over one is refused naming the limit and its setting."""
+
+    bytes: int = 64 * 1024
+    terms: int = 256
+    depth: int = 16
+    values: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("bytes", "terms", "depth", "values"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"setting filter_max_{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AuthSettings:
     """How services verify bearer tokens; API keys need nothing here (their hashes live in the warehouse).
 
@@ -123,6 +141,13 @@ class Settings:
     beyond them, request threads only take turns at the interpreter lock, and the line no longer
     answers first come, first served (measured in ``docs/performance.md``); a warehouse on object
     storage, whose reads wait on round trips, may want more.
+    ``server_timing`` makes HTTP answers carry ``Server-Timing`` (milliseconds in line, at work and
+    by stage): for measuring a replica no untrusted caller reaches, since a caller could read in
+    them what its request cost; off, they go to the access log alone.
+    ``search_deadline_seconds`` is how long one search (or get) may work before it is stopped and
+    answered 503 ``deadline_exceeded``; the work stops too when an HTTP client goes away.
+    ``filter_max_bytes``, ``filter_max_terms``, ``filter_max_depth`` and ``filter_max_values``
+    bound a search's narrowing filter (``FilterLimits``).
     ``flat_cache_mb`` bounds the vectors exact scans keep in memory per process (0: none).
     ``resident_index_mb`` bounds the resident serving index a process builds (``retrieval.serving``)
     for a table of 50,000 rows and more; a table whose index would not fit is searched through
@@ -155,6 +180,12 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     max_in_flight: int = 8
     max_queued: int = 96
+    search_deadline_seconds: float = 10.0
+    server_timing: bool = False
+    filter_max_bytes: int = FilterLimits.bytes
+    filter_max_terms: int = FilterLimits.terms
+    filter_max_depth: int = FilterLimits.depth
+    filter_max_values: int = FilterLimits.values
     flat_cache_mb: int = 256
     resident_index_mb: int = 4096
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -168,6 +199,10 @@ class Settings:
         for name in ("chunk_overlap", "flat_cache_mb", "max_queued", "resident_index_mb"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"setting {name} must be at least 0, got {getattr(self, name)}")
+        if not self.search_deadline_seconds > 0:
+            seconds = self.search_deadline_seconds
+            raise ConfigurationError(f"setting search_deadline_seconds must be above 0, got {seconds}")
+        self.filter_limits  # noqa: B018 -- checks the filter limits
         check_embed_backend(self.embed_backend)
 
     @classmethod
@@ -185,15 +220,25 @@ class Settings:
             values["audit_key"] = env["RAGWARDEN_AUDIT_KEY"].encode("utf-8")
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
+        if env.get("RAGWARDEN_SERVER_TIMING"):
+            values["server_timing"] = env["RAGWARDEN_SERVER_TIMING"].lower() in ("1", "true", "yes")
         for name, unit in (("max_file_bytes", "bytes"), ("max_body_bytes", "bytes"), ("flat_cache_mb", "MiB"),
                            ("resident_index_mb", "MiB"), ("ray_actors", "actors"), ("embed_batch_size", "texts"), ("write_batch_docs", "documents"),
-                           ("max_in_flight", "requests"), ("max_queued", "requests"), ("embed_threads", "threads")):  # fmt: skip
+                           ("max_in_flight", "requests"), ("max_queued", "requests"), ("embed_threads", "threads"),
+                           ("filter_max_bytes", "bytes"), ("filter_max_terms", "conditions"), ("filter_max_depth", "levels"),
+                           ("filter_max_values", "values")):  # fmt: skip
             key = f"RAGWARDEN_{name.upper()}"
             if env.get(key):
                 try:
                     values[name] = int(env[key])
                 except ValueError:
                     raise ConfigurationError(f"{key} must be a whole number of {unit}, got {env[key]!r}") from None
+        if env.get("RAGWARDEN_SEARCH_DEADLINE_SECONDS"):
+            try:
+                values["search_deadline_seconds"] = float(env["RAGWARDEN_SEARCH_DEADLINE_SECONDS"])
+            except ValueError:
+                given = env["RAGWARDEN_SEARCH_DEADLINE_SECONDS"]
+                raise ConfigurationError(f"RAGWARDEN_SEARCH_DEADLINE_SECONDS must be a number of seconds, got {given!r}") from None
         if env.get("RAGWARDEN_EMBED_DEVICE"):
             values["embed_device"] = env["RAGWARDEN_EMBED_DEVICE"]
         if env.get("RAGWARDEN_EMBED_BACKEND"):
@@ -207,6 +252,11 @@ class Settings:
         values["auth"] = AuthSettings.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def filter_limits(self) -> FilterLimits:
+        return FilterLimits(bytes=self.filter_max_bytes, terms=self.filter_max_terms, depth=self.filter_max_depth,
+                            values=self.filter_max_values)  # fmt: skip
 
     @property
     def flat_cache_bytes(self) -> int:

@@ -16,6 +16,7 @@ error ``code`` a service answers it with (a subclass inherits both unless it nam
     ├── NotFoundError             404 not_found              no such item visible to the caller (missing and forbidden look alike)
     ├── PermissionDeniedError     403 forbidden              the policy does not grant the caller this operation
     ├── OverloadedError           503 overloaded             the service is at capacity: retry shortly or elsewhere
+    ├── DeadlineExceededError     503 deadline_exceeded      a search worked past its deadline and was stopped
     └── WarehouseError            503 warehouse_unavailable  the warehouse is missing, damaged or inconsistent
 """
 
@@ -26,6 +27,7 @@ from typing import ClassVar
 __all__ = [
     "AuthenticationError",
     "ConfigurationError",
+    "DeadlineExceededError",
     "InvalidPolicyError",
     "InvalidRequestError",
     "InvalidSourceError",
@@ -126,6 +128,14 @@ class OverloadedError(RagwardenError):
 
     status = 503
     code = "overloaded"
+
+
+class DeadlineExceededError(RagwardenError):
+    """A search worked past its deadline (``search_deadline_seconds``), or its client went away,
+    and its work was stopped; nothing was returned. Narrow the request, or retry later."""
+
+    status = 503
+    code = "deadline_exceeded"
 
 
 class WarehouseError(RagwardenError):

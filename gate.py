@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
+from .deadline import bounded
 from .errors import NotFoundError, PermissionDeniedError, PolicyError
 from .governance.audit import AuditLog, Receipt
 from .governance.caller import Caller
@@ -23,7 +24,7 @@ from .governance.operations import Operation
 from .governance.policy import Policy
 from .governance.visibility import deactivated_reason
 from .retrieval.search import LruCache
-from .stages import stage
+from .stages import counting, stage
 from .state import operation_named
 
 T = TypeVar("T")
@@ -67,13 +68,17 @@ class PermissionGate:
         policy: Callable[[], Policy | None],
         table_version: Callable[[], int],
         fresh: Callable[[], AbstractContextManager[object]] = nullcontext,
+        read_deadline_seconds: float | None = None,
     ) -> None:
         """``fresh()`` holds one freshness check for the length of a read operation
-        (``state.Store.pinned``): its policy, registries and table versions come from one check."""
+        (``state.Store.pinned``): its policy, registries and table versions come from one check.
+        ``read_deadline_seconds``: how long a read operation (search, get) may work before it is
+        stopped (``deadline``; a request's own deadline, set by the HTTP layer, stands instead)."""
         self._audit = audit
         self._policy = policy
         self._table_version = table_version
         self._fresh = fresh
+        self._read_deadline = read_deadline_seconds
         self._claimed: LruCache[Policy] = LruCache(CLAIMED_POLICIES_KEPT)
 
     def _policy_for(self, caller: Caller | None) -> Policy | None:
@@ -144,8 +149,15 @@ class PermissionGate:
         ``touched`` gives, for an operator's run, the documents it wrote in each tenant: the run is
         then recorded once per tenant, naming only that tenant's documents, so each tenant's auditor
         sees what was done to it and nothing of the others."""
-        # A storage failure names this operation; a read sees one freshness check throughout.
-        with operation_named(str(operation)), self._fresh() if need is Need.READ else nullcontext():
+        # A storage failure names this operation; a read sees one freshness check throughout and
+        # stops at its deadline; the operation's work is counted (``stages``).
+        reading = need is Need.READ
+        with (
+            operation_named(str(operation)),
+            counting(),
+            self._fresh() if reading else nullcontext(),
+            bounded(self._read_deadline) if reading and self._read_deadline else nullcontext(),
+        ):
             permission = self.decide(operation, caller, need, about=about)
             kind = "retrieval" if need is Need.READ else "decision"
             if not permission.allowed:

@@ -46,7 +46,7 @@ from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
 from .retrieval.collapse import Collapse
-from .retrieval.hits import Hit
+from .retrieval.hits import RESULT_COLUMNS, Hit
 from .retrieval.narrowing import Narrowing, narrowing
 from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, Readers, Vocabulary, access_review, inventory, readers, vocabulary
@@ -84,7 +84,7 @@ class Warehouse:
         self._provisioned = ProvisionedPolicy(version=lambda: self.store.directory_version,
                                               rows_at=self.store.directory.governing_rows)  # fmt: skip
         self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks_version,
-                                    fresh=self.store.pinned)  # fmt: skip
+                                    fresh=self.store.pinned, read_deadline_seconds=settings.search_deadline_seconds)  # fmt: skip
         self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes,
                                   resident_index_bytes=settings.resident_index_mb * 2**20)  # fmt: skip
         self._lifecycle = Lifecycle(self.store, self.embedder)
@@ -388,7 +388,7 @@ class Warehouse:
         require_reader(who)
         self.store.require_version(min_version)
         collapse = Collapse(group_by=group_by, per_group=per_group, distinct=distinct)  # type: ignore[arg-type] - checked there
-        narrow = narrowing(filter)
+        narrow = narrowing(filter, self.settings.filter_limits)
         if vector is not None and vector_model is not None and vector_model != self.embedder.model_id:
             raise InvalidRequestError(
                 f"vector_model {vector_model!r} is not this warehouse's model {self.embedder.model_id!r}: "
@@ -633,7 +633,12 @@ class Warehouse:
             policy = permission.policy
             if policy is None:
                 return not_visible(chunk_id, subject, where)
-            row = self.store.rows([chunk_id]).get(chunk_id)
+            if permission.auditor:  # an auditor may see any row of its tenant, and why it is refused
+                row = self.store.rows([chunk_id]).get(chunk_id)
+            else:  # asking about itself: the row is looked for among those it may read, and only there
+                found = self._searcher.visible_row(chunk_id, self._searcher.view(policy, who), self.store.registries(),
+                                                   RESULT_COLUMNS)  # fmt: skip
+                row = found[0] if found is not None else None
             if row is None or row["tenant"] != where:  # another tenant's row reads as a missing one
                 return not_visible(chunk_id, subject, where)
             explanation = explain_row(policy, subject, where, row, self.store.clause_registry())

@@ -115,9 +115,6 @@ class ManifestModel(BaseModel):
 class SearchResponse(BaseModel):
     hits: list[HitModel]
     manifest: ManifestModel
-    took_ms: dict[str, float] = Field(
-        default_factory=dict, description="Milliseconds per stage: embed, rank, check, receipt (also in Server-Timing)."
-    )
 
 
 class IdentityModel(BaseModel):

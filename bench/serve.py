@@ -7,8 +7,8 @@
 Real ``ragwarden serve`` processes on 127.0.0.1 over one warehouse, driven by client threads that
 each keep one search in flight (JWT bearer, the query embedded by the service, the receipt written
 before the answer). For a broad and a selective caller at each client count: searches/s, p50, p95,
-p99, errors, refusals (503 ``overloaded``), the median time in line and at work (``Server-Timing``),
-the median of each stage (embed, rank, check, receipt), and how the audit log grew (commits per
+p99, errors, refusals (503 ``overloaded``), the median time in line and at work (``Server-Timing``,
+which the replicas it starts turn on), the median of each stage (embed, rank, check, receipt), and how the audit log grew (commits per
 receipt, versions kept, bytes per receipt before and after ``optimize``). Every hit of every
 answer is checked against an oracle computed apart from the search path (the enforcer on every
 row of a full scan): one it does not admit is a leak.
@@ -186,9 +186,11 @@ def _ingest_worker(folder: str, data: str, records: list[dict[str, Any]], run_id
             documents.value += len(report.written_documents)
 
 
-def _serve(warehouse: str, port: int, log: Path, workers: int = 1) -> subprocess.Popen[bytes]:
+def serve_replica(warehouse: str, port: int, log: Path, workers: int = 1, **settings: str) -> subprocess.Popen[bytes]:
+    """``ragwarden serve`` on 127.0.0.1:``port`` over ``warehouse``, ready; ``settings``: more environment."""
+    # Server-Timing on (an operator's switch, off by default): the driver reads each answer's stages.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAGWARDEN_JWT_SECRET": SECRET, "RAGWARDEN_JWT_ISSUER": ISSUER,
-           "RAGWARDEN_JWT_AUDIENCE": AUDIENCE, "RAGWARDEN_POLICY": ""}  # fmt: skip
+           "RAGWARDEN_JWT_AUDIENCE": AUDIENCE, "RAGWARDEN_POLICY": "", "RAGWARDEN_SERVER_TIMING": "1", **settings}  # fmt: skip
     command = [str(Path(sys.executable).parent / "ragwarden"), "serve", "--host", "127.0.0.1", "--port", str(port),
                "--warehouse", warehouse, "--workers", str(workers)]  # fmt: skip
     with log.open("wb") as output:
@@ -206,7 +208,8 @@ def _serve(warehouse: str, port: int, log: Path, workers: int = 1) -> subprocess
     raise RuntimeError(f"the replica on port {port} did not become ready")
 
 
-def _token(sub: str, tenant: str) -> str:
+def token_for(sub: str, tenant: str) -> str:
+    """A bearer token the replicas ``serve_replica`` starts accept, for ``user:sub`` in ``tenant``."""
     now = int(time.time())
     claims = {"sub": sub, "tenant": tenant, "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 3600}
     return jwt.encode(claims, SECRET, algorithm="HS256")
@@ -254,7 +257,7 @@ def _drive(
     lock = threading.Lock()
     window: dict[str, float] = {}
     start = threading.Barrier(clients, action=lambda: window.update(timed_from=time.perf_counter() + warmup))
-    headers = {"Authorization": f"Bearer {_token(sub, tenant)}"}
+    headers = {"Authorization": f"Bearer {token_for(sub, tenant)}"}
 
     def client(number: int) -> None:
         with httpx.Client(headers=headers, timeout=60) as http:
@@ -321,8 +324,8 @@ def run(
     folder = (keep or workdir) / f"{corpus}-warehouse"
     warehouse = _warehouse(corpus, folder, data)
     records = _corpus_records(corpus, data) if ingest else []
-    ports = [_free_port() for _ in range(replicas)]
-    processes = [_serve(str(folder), port, workdir / f"replica-{port}.log", workers) for port in ports]
+    ports = [free_port() for _ in range(replicas)]
+    processes = [serve_replica(str(folder), port, workdir / f"replica-{port}.log", workers) for port in ports]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     cells: list[Cell] = []
     try:
@@ -379,7 +382,7 @@ def _commits(folder: Path) -> int:
     return max((2**64 - 1 - n if n > 2**63 else n for n in numbers), default=0)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as sock:

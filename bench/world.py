@@ -220,9 +220,13 @@ def write_warehouse(world: World, folder: Path, *, extra: BenchRows | None = Non
 METADATA_BUCKETS = 100
 
 
-def append_rows(store: Store, rows: BenchRows, *, register_labels: bool = True) -> None:
+def append_rows(
+    store: Store, rows: BenchRows, *, register_labels: bool = True, metadata: list[str] | None = None,
+    texts: list[str] | None = None,
+) -> None:  # fmt: skip
     """Append rows with tags and clause tokens exactly as ingest writes them (``register_labels``
-    False writes them as a writer racing the label registry would)."""
+    False writes them as a writer racing the label registry would); ``metadata`` (JSON texts) and
+    ``texts``, one per row, replace the default ones."""
     tokens = [clause_token(allow) for allow in rows.acl_allow]
     store.register_clauses({token: allow for token, allow in zip(tokens, rows.acl_allow, strict=True)})
     if register_labels:
@@ -241,7 +245,7 @@ def append_rows(store: Store, rows: BenchRows, *, register_labels: bool = True) 
             "doc_version": ["v1"] * len(ids),
             "kind": ["chunk"] * len(ids),
             "position": [0] * len(ids),
-            "text": [f"synthetic row {i}" for i in ids],
+            "text": texts[start:end] if texts is not None else [f"synthetic row {i}" for i in ids],
             "vector": pa.FixedSizeListArray.from_arrays(flat, DIMENSION),
             "tenant": rows.tenant[start:end],
             "acl_allow": rows.acl_allow[start:end],
@@ -254,6 +258,7 @@ def append_rows(store: Store, rows: BenchRows, *, register_labels: bool = True) 
             "embedding_model": ["synthetic"] * len(ids),
             "created_at": [now] * len(ids),
             # what a narrowing filter can select: a row's place modulo 100 (1%, 10%, ... of the world)
-            "metadata": [f'{{"bucket": {row % METADATA_BUCKETS}}}' for row in range(start, end)],
+            "metadata": metadata[start:end] if metadata is not None
+            else [f'{{"bucket": {row % METADATA_BUCKETS}}}' for row in range(start, end)],
         }
         store.load_rows(pa.table(columns, schema=schema))

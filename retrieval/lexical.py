@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..stages import work
 from ..state import terms_of_words
 from .visible_rows import best_first, id_ranks
 
@@ -110,6 +111,7 @@ class LexicalRows:
         """From the rows a filter admitted (``chunk_id`` and ``text`` among their columns);
         ``counted`` maps them to the mask of those the statistics count (None: all of them)."""
         n = table.num_rows
+        work("rows_analysed", n)
         analysed = analyse(table.column("text"))
         lengths = np.bincount(analysed.text_of, minlength=n).astype(np.int32)
         pairs = analysed.term_of * max(n, 1) + analysed.text_of  # term-major (term, row) keys
@@ -165,6 +167,7 @@ class LexicalRows:
             if index is None:
                 continue
             span = slice(self.starts[index], self.starts[index + 1])
+            work("postings_scored", span.stop - span.start)
             rows, frequency = self.postings[span], self.frequencies[span].astype(np.float64)
             df = int(self.document_frequencies[index])
             idf = math.log(1.0 + (self.documents - df + 0.5) / (df + 0.5))

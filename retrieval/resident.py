@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..stages import work
 from .hits import CONTENT_COLUMNS
 from .visible_rows import unit_vectors
 
@@ -107,7 +108,8 @@ class ResidentIndex:
         if share >= GRAPH_MIN_SHARE:
             params = faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search(take, share))
             scores, found = self.graph.search(query.reshape(1, -1), take, params=params)
-        else:
+        else:  # every allowed row is scored (a row the bitmap refuses is skipped unscored)
+            work("rows_scored", visible)
             storage = faiss.downcast_index(self.graph.storage)
             scores, found = storage.search(query.reshape(1, -1), take, params=faiss.SearchParameters(sel=selector))
         kept = found[0] >= 0

@@ -12,12 +12,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, Self, TypeVar, get_args
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..config import Settings
+from ..deadline import check_deadline
 from ..embedder import Embedder
 from ..errors import InvalidRequestError
 from ..governance.appender import GroupCommit
@@ -25,7 +27,7 @@ from ..governance.caller import Caller
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
 from ..governance.visibility import check_row
-from ..stages import stage
+from ..stages import stage, work
 from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
 from ..state.store import IN_LIST_MAX_IDS
 from .collapse import NO_COLLAPSE, Collapse
@@ -33,8 +35,10 @@ from .fusion import reciprocal_rank_fusion
 from .hits import CURRENT_COLUMNS, RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
 from .narrowing import Narrowing, narrowed
+from .resident import ResidentIndex
 from .serving import ServingIndex
-from .visible_rows import VisibleRowCache, VisibleRows
+from .visible_fields import FIELD_COLUMNS, VisibleFields
+from .visible_rows import Held, VisibleRowCache, VisibleRows
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +59,13 @@ PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
 VIEWS_KEPT = 4096
 FLAT_FILTERS_KEPT = 4096  # filters whose newest read version is remembered (to re-tag their rows after a commit)
-NARROWINGS_KEPT = 256  # narrowing filters whose matching ids are held (by version)...
-NARROWED_IDS_KEPT = 2_000_000  # ...and at most so many ids in all (about 70 MB)
 QUERY_BATCH = 64
+POST_CHECK_BLOCK = 16  # rows the post-check decides (and hits it makes) between two looks at the deadline
+FIELD_ROW_BYTES = 256  # what a row's filterable fields take held (ids, columns, a few metadata fields), about
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 
 V = TypeVar("V")
-
-
-class Narrowable(Protocol):
-    """A held set of rows that a narrowing filter's matches can cut (``VisibleRows``, ``ResidentView``)."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    def narrowed(self, chunk_ids: pa.Array) -> Self: ...
-
-
-N = TypeVar("N", bound=Narrowable)
+H = TypeVar("H", bound=Held)
 
 
 class LruCache(Generic[V]):
@@ -247,7 +240,6 @@ class Searcher:
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._flat_read: OrderedDict[str, int] = OrderedDict()  # by filter: the newest version its rows were read at
         self._flat_lock = threading.Lock()
-        self._narrowed_ids: OrderedDict[tuple[str, int], pa.Array] = OrderedDict()  # a filter's matches, by version
         self.retags = 0  # held sets carried to a new version by re-reading ids and tags only (for monitoring)
         self._indexed: tuple[int, bool] = (-1, False)
         # Concurrent searches' queries are embedded together, by one thread: a batch costs little more
@@ -379,14 +371,37 @@ class Searcher:
         require_reader(caller)
         if policy is None or not isinstance(chunk_id, str) or not chunk_id:
             return None
+        view = self.view(policy, caller)
+        registries = self.store.registries()
+        found = self.visible_row(chunk_id, view, registries, RESULT_COLUMNS)
+        if found is None:
+            return None
+        row, version = found
+        admitted, _ = self.admitted([(row, 1.0)], view, registries.clauses)
+        if not admitted:
+            return None
+        return Hit.of_row(row, score=1.0, reason=admitted[0][2], table_version=version, policy_version=policy.version)
+
+    def visible_row(
+        self, chunk_id: str, view: SubjectView, registries: Registries, columns: Sequence[str]
+    ) -> tuple[dict[str, Any], int] | None:
+        """The row ``chunk_id`` with ``columns`` and the version it was read at, if ``view``'s
+        filter admits it; None otherwise. The id is looked for among the ids of the rows the
+        caller may read (held per filter and version) before any row is read, so asking for a row
+        the caller cannot read reads nothing of it, exactly as asking for a missing one does."""
+        where = self.prefilter(view, registries)
         version = self.store.chunks_version
-        row = self.store.rows([chunk_id], columns=RESULT_COLUMNS).get(chunk_id)
-        if row is None:
-            return None
-        decision = check_row(policy, caller.subject, caller.tenant, row, self.store.clause_registry())
-        if not decision.allowed:
-            return None
-        return Hit.of_row(row, score=1.0, reason=decision.reason, table_version=version, policy_version=policy.version)
+        for _ in range(3):
+            ids = self._visible_ids(where, version)
+            if ids is not None:
+                if not pc.any(pc.equal(ids.chunk_ids, chunk_id)).as_py():
+                    return None
+                table = self.store.read_rows_at(version, where, [chunk_id], columns)
+                if table is not None:
+                    rows = table.to_pylist()
+                    return (rows[0], version) if rows else None
+            version = self.store.latest_chunks_version()  # that version is gone: ask the latest
+        return None
 
     def rank(
         self,
@@ -400,19 +415,22 @@ class Searcher:
     ) -> tuple[list[tuple[dict[str, Any], float]], int]:
         """Candidates under ``where`` (and ``narrowing``), best first, and the table version they
         were read at (the version read before and after must agree, so hits can name it). ``fts``
-        and ``hybrid`` need the ``reader`` whose visible rows their statistics count."""
+        and ``hybrid`` need the ``reader`` whose visible rows their statistics count; with a
+        ``narrowing`` the reader also names whose the matches are (without one, none is held)."""
         if mode != "vector" and reader is None:
             raise ValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
         version = self.store.chunks_version  # the request's freshness check, when one is pinned
         for _ in range(3):
+            check_deadline()
             exact_version = False
+            narrow = self._narrow(narrowing, where, version, reader)  # once, for both halves of a hybrid
             if mode == "vector":
-                rows, exact_version = self._vector(vector, where, k, version, narrowing=narrowing)
+                rows, exact_version = self._vector(vector, where, k, version, narrowing=narrowing, narrow=narrow)
                 ranked = [(row, 1.0 - float(row["_distance"])) for row in rows]
             elif mode == "fts":
-                ranked = self._lexical(query, where, k, version, reader, narrowing)  # type: ignore[arg-type]
+                ranked = self._lexical(query, where, k, version, reader, narrowing, narrow)  # type: ignore[arg-type]
             else:
-                ranked = self._hybrid(query, vector, where, k, version, reader, narrowing)  # type: ignore[arg-type]
+                ranked = self._hybrid(query, vector, where, k, version, reader, narrowing, narrow)  # type: ignore[arg-type]
             if exact_version:
                 break  # ranked from rows read at exactly this version: nothing to re-check
             latest = self.store.latest_chunks_version()
@@ -447,6 +465,60 @@ class Searcher:
                 self._counts.popitem(last=False)
         return self._counts[key]
 
+    # -- narrowing filters: evaluated over the caller's visible rows ---------------------------
+
+    def _visible_ids(self, where: str, version: int) -> VisibleIds | None:
+        """The ids of the rows ``where`` admits at ``version``, held per (filter, version); None if
+        that version is gone."""
+
+        def read() -> VisibleIds | None:
+            table = self.store.read_at(version, where, ["chunk_id"])
+            return None if table is None else VisibleIds(chunk_ids=table.column("chunk_id").combine_chunks())
+
+        return self.visible.get(("ids", where, version), read)
+
+    def _visible_fields(self, where: str, version: int) -> VisibleFields | None:
+        """The filterable fields of the rows ``where`` admits at ``version`` (read through it, so
+        no other row's fields are read), held per (filter, version); None if that version is gone,
+        or if they are too many to hold (``_narrow`` then asks Lance)."""
+        if not self.visible.holds(self._count(where, version) * FIELD_ROW_BYTES):
+            return None
+
+        def read() -> VisibleFields | None:
+            table = self.store.read_at(version, where, FIELD_COLUMNS)
+            return None if table is None else VisibleFields.from_arrow(table)
+
+        return self.visible.get(("fields", where, version), read)
+
+    def _narrow(self, narrowing: Narrowing | None, where: str, version: int, reader: Reader | None) -> Narrow | None:
+        """``narrowing``'s matches among the rows ``where`` admits at ``version``; None without a
+        filter, or when that version is gone. Evaluated in memory over the rows' fields when this
+        process can hold them; else by Lance under both filters, where the narrowing refines the
+        rows the governance filter's scalar indexes admitted (and no index serves the narrowing's
+        own columns: ``narrowing``), so the work is over the caller's rows either way."""
+        if narrowing is None:
+            return None
+        owner = reader.key if reader is not None else None
+        fields = self._visible_fields(where, version)
+        if fields is not None:
+            mask = narrowing.mask(fields)
+            matching = fields.chunk_ids.filter(pa.array(mask, pa.bool_()))
+            return Narrow(narrowing=narrowing, matching=matching, owner=owner, fields=fields, mask=mask)
+        found = self.store.read_at(version, narrowed(where, narrowing), ["chunk_id"])
+        if found is None:
+            return None
+        return Narrow(narrowing=narrowing, matching=found.column("chunk_id").combine_chunks(), owner=owner)
+
+    def _held_for(self, narrow: Narrow, key: tuple[Any, ...], load: Callable[[], H | None]) -> H | None:
+        """What ``load`` makes of a filter's matches, held for the caller whose they are (never
+        for another: a cache keyed by a filter's content is per caller), or made afresh when no
+        caller is named."""
+        if narrow.owner is None:
+            return load()
+        return self.visible.get((*key, narrow.narrowing.digest, *narrow.owner), load)
+
+    # -- vector ranking ---------------------------------------------------------------------
+
     def _vector(
         self,
         vector: np.ndarray | None,
@@ -456,27 +528,26 @@ class Searcher:
         *,
         exact: bool = False,
         narrowing: Narrowing | None = None,
+        narrow: Narrow | None = None,
     ) -> tuple[list[dict[str, Any]], bool]:
         """The ``limit`` nearest rows ``where`` (and ``narrowing``) admits, by the planned search
         (``exact``: always the exact scan, whose ranking depends on the admitted rows alone), and
         whether they were read at ``version`` itself (held rows) rather than at the table's latest.
 
-        A narrowing filter is applied to the rows ``where`` admits at that version, never in
-        place of it: its matches (found by a scan of the metadata alone) narrow the caller's
-        held rows (held scan or serving index); without held rows, few matches (at most
-        ``IN_LIST_MAX_IDS``) are read by id through the governance filter's indexes and scanned
-        exactly, and Lance's plans run under both filters ANDed. Why: Lance refines an indexed
-        filter ANDed with an unindexed one by reading every column of the indexed filter's rows
-        (at 100k rows, 0.9 s for a caller who may read half of them, against 60-90 ms for the
-        scan of the metadata)."""
-        matching = self._matching(narrowing, version) if narrowing is not None and vector is not None else None
-        narrow = (narrowing, matching) if narrowing is not None and matching is not None else None
+        A narrowing filter is evaluated over the fields of the rows ``where`` admits at that
+        version (``_narrow``, whose answer is ``narrow``; None with a filter: that version is
+        gone), never over the table: its matches cut the caller's held rows (held
+        scan or serving index); without held rows, few matches (at most ``IN_LIST_MAX_IDS``) are
+        read by id and scanned exactly, and more go to Lance under both filters, where the
+        narrowing refines the rows the governance filter's indexes admitted (``narrowing``). Only
+        when that version is gone is the narrowing evaluated by Lance alone, the same way."""
+        check_deadline()
         plan = "flat" if exact else self.plan(where, version)
-        if narrowing is not None and narrow is None:  # no matches read at this version: Lance, both filters
+        if narrowing is not None and narrow is None:  # that version is gone: Lance, both filters
             return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, None), False
         held = plan == "resident" or self._scans_held(plan, vector, where, version)
-        if narrow is not None and vector is not None and not held and len(narrow[1]) <= IN_LIST_MAX_IDS:
-            few = self._few_matching(vector, where, narrow[0], narrow[1], limit, version)
+        if narrow is not None and vector is not None and not held and narrow.count <= IN_LIST_MAX_IDS:
+            few = self._few_matching(vector, where, narrow, limit, version)
             if few is not None:
                 return few, True
         if plan == "resident":
@@ -488,9 +559,7 @@ class Searcher:
             visible = self._held(where, version, narrow)
             if visible is not None:
                 return [{**row, "_distance": 1.0 - score} for row, score in visible.top(vector, limit)], True
-        visible_rows = self._count(where, version)
-        if matching is not None:  # both filters' rows, as if independent: an underestimate probes more
-            visible_rows = max(1, round(visible_rows * len(matching) / max(1, self._count("", version))))
+        visible_rows = self._count(where, version) if narrow is None else max(1, narrow.count)
         return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, visible_rows), False
 
     def _scans_held(self, plan: str, vector: np.ndarray | None, where: str, version: int) -> bool:
@@ -515,61 +584,29 @@ class Searcher:
             refine_factor=INDEX_REFINE_FACTOR,
         )
 
-    def _held(self, where: str, version: int, narrow: tuple[Narrowing, pa.Array] | None) -> VisibleRows | None:
+    def _held(self, where: str, version: int, narrow: Narrow | None) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``, held (None if that version is gone:
-        ``Store.read_at``), narrowed to a filter's matches at that version when one is given."""
+        ``Store.read_at``), cut to a filter's matches when one is given."""
         visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
-        return self._narrowed_set(visible, ("narrowed", where, version), narrow)
-
-    def _narrowed_set(self, held: N | None, key: tuple[Any, ...], narrow: tuple[Narrowing, pa.Array] | None) -> N | None:
-        """``held`` (rows read at one version, or None) cut to a filter's matches at that version,
-        kept under ``key`` and the filter; ``held`` itself without a filter."""
-        if held is None or narrow is None:
-            return held
-        narrowing, matching = narrow
-        return self.visible.get((*key, narrowing.sql), lambda: held.narrowed(matching))
+        return visible if visible is None or narrow is None else visible.narrowed(narrow.matching)
 
     def _few_matching(
-        self, vector: np.ndarray, where: str, narrowing: Narrowing, matching: pa.Array, limit: int, version: int
+        self, vector: np.ndarray, where: str, narrow: Narrow, limit: int, version: int
     ) -> list[dict[str, Any]] | None:
-        """The ``limit`` nearest of the few rows ``narrowing`` matches (``matching``) that
-        ``where`` admits at ``version``, read by id and scanned exactly; None if that version is gone."""
-        key = ("narrowed", where, version, narrowing.sql)  # the key _held narrows under: the same rows
-        held = self.visible.get(key, lambda: self._read_matching(where, matching.to_pylist(), version))
+        """The ``limit`` nearest of the few rows a filter matched among those ``where`` admits at
+        ``version``, read by id and scanned exactly (held for the caller); None if that version is gone."""
+
+        def read() -> VisibleRows | None:
+            table = self.store.read_rows_at(version, where, narrow.matching.to_pylist(), [*RESULT_COLUMNS, "vector"])
+            return None if table is None else VisibleRows.from_arrow(table, self.store.dimension)
+
+        held = self._held_for(narrow, ("narrowed", where, version), read)
         if held is None:
             return None
         return [{**row, "_distance": 1.0 - score} for row, score in held.top(vector, limit)]
 
-    def _matching(self, narrowing: Narrowing, version: int) -> pa.Array | None:
-        """The chunk ids ``narrowing`` matches at ``version`` (a scan of the metadata and columns
-        it names alone), None if that version is gone; held per (filter, version)."""
-        key = (narrowing.sql, version)
-        with self._flat_lock:
-            if key in self._narrowed_ids:
-                self._narrowed_ids.move_to_end(key)
-                return self._narrowed_ids[key]
-        table = self.store.read_at(version, narrowing.sql, ["chunk_id"])
-        if table is None:
-            return None
-        ids = table.column("chunk_id").combine_chunks()
-        with self._flat_lock:
-            self._narrowed_ids[key] = ids
-            held = sum(len(kept) for kept in self._narrowed_ids.values())
-            while len(self._narrowed_ids) > 1 and (len(self._narrowed_ids) > NARROWINGS_KEPT or held > NARROWED_IDS_KEPT):
-                held -= len(self._narrowed_ids.popitem(last=False)[1])
-        return ids
-
-    def _read_matching(self, where: str, chunk_ids: list[str], version: int) -> VisibleRows | None:
-        table = self.store.read_rows_at(version, where, chunk_ids, [*RESULT_COLUMNS, "vector"])
-        return None if table is None else VisibleRows.from_arrow(table, self.store.dimension)
-
     def _resident(
-        self,
-        vector: np.ndarray | None,
-        where: str,
-        limit: int,
-        version: int,
-        narrow: tuple[Narrowing, pa.Array] | None = None,
+        self, vector: np.ndarray | None, where: str, limit: int, version: int, narrow: Narrow | None = None
     ) -> list[dict[str, Any]] | None:
         """The ``limit`` nearest rows ``where`` admits at ``version`` (among a narrowing filter's
         matches, when given) through the serving index; None when it cannot answer for that
@@ -578,12 +615,27 @@ class Searcher:
         norm = float(np.linalg.norm(vector)) if vector is not None else 0.0
         if index is None or not np.isfinite(norm) or norm == 0:
             return None
-        view = self.visible.get(("resident", where, version, index.version), lambda: self.serving.view(index, where, version))
-        view = self._narrowed_set(view, ("resident", where, version, index.version), narrow)
+        key = ("resident", where, version, index.version)
+        view = self.visible.get(key, lambda: self.serving.view(index, where, version))
+        if view is not None and narrow is not None:
+            view = view.narrowed(narrow.matching, self._index_positions(key, index, narrow))
         if view is None:
             return None
         ranked = view.nearest(np.asarray(vector, dtype=np.float32) / norm, limit)
         return [{**row, "_distance": 1.0 - score} for row, score in ranked]
+
+    def _index_positions(self, key: tuple[Any, ...], index: ResidentIndex, narrow: Narrow) -> np.ndarray:
+        """Where a filter's matches lie in the serving index: through the fields' positions in it
+        (held with the view, so no lookup per search) when the matches came from held fields, else
+        by looking each index row up among the matches."""
+        if narrow.fields is None or narrow.mask is None:
+            found = pc.is_in(index.chunk_ids, value_set=narrow.matching)
+            return np.flatnonzero(np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool))
+        fields, mask = narrow.fields, narrow.mask
+        positions = self.visible.get((*key, "fields"), lambda: FieldPositions.of(index, fields))
+        if positions is None or positions.fields is not fields:  # fields read anew (not held): not aligned
+            positions = FieldPositions.of(index, fields)
+        return positions.of_mask(mask)
 
     def _read_visible(self, where: str, version: int) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``, read at that version even when the table has
@@ -624,52 +676,49 @@ class Searcher:
         visible = max(1, visible_rows)
         return max(INDEX_NPROBES, min(partitions, math.ceil(partitions * PROBED_VISIBLE_ROWS / visible)))
 
+    # -- full-text ranking ------------------------------------------------------------------
+
     def _lexical(
-        self, query: str, where: str, limit: int, version: int, reader: Reader, narrowing: Narrowing | None = None
+        self, query: str, where: str, limit: int, version: int, reader: Reader, narrowing: Narrowing | None = None,
+        narrow: Narrow | None = None,
     ) -> list[tuple[dict[str, Any], float]]:
         """The ``limit`` best rows ``where`` (and ``narrowing``) admits that hold a query term, by
         BM25 over the reader's visible rows (see ``lexical``; with a filter, those it matches),
         best first."""
-        ranked = self._lexical_rows(where, version, reader, narrowing).top(query_terms(query), limit)
+        check_deadline()
+        ranked = self._lexical_rows(where, version, reader, narrowing, narrow).top(query_terms(query), limit)
         if not ranked or "text" in ranked[0][0]:
             return ranked
         found = self.store.rows([row["chunk_id"] for row, _ in ranked], columns=RESULT_COLUMNS)
         return [(found[row["chunk_id"]], score) for row, score in ranked if row["chunk_id"] in found]
 
     def _lexical_rows(
-        self, where: str, version: int, reader: Reader, narrowing: Narrowing | None = None
+        self, where: str, version: int, reader: Reader, narrowing: Narrowing | None = None, narrow: Narrow | None = None
     ) -> LexicalRows:
         """The reader's analysed rows under ``where`` (and ``narrowing``) at ``version``, held under
         (filters, version, reader); when that version is gone, the latest rows, held nowhere
-        (``rank`` then sees the version change and asks again). A filter's matches are read by id
-        through the governance filter (see ``_vector`` for why not ANDed inside Lance)."""
-        matching = self._matching(narrowing, version) if narrowing is not None else None
-        if narrowing is not None and matching is not None:
-            key = ("lexical", where, narrowing.sql, version, *reader.key)
-            found = self.visible.get(key, lambda: self._read_lexical_matching(where, matching, reader, version))
+        (``rank`` then sees the version change and asks again). A filter's matches, found among
+        the rows ``where`` admits (``narrow``), are read by id through it."""
+        if narrow is not None:
+
+            def read() -> LexicalRows | None:
+                table = self.store.read_rows_at(version, where, narrow.matching.to_pylist(), RESULT_COLUMNS)
+                return self._analysed(table, reader)
+
+            found = self._held_for(narrow, ("lexical", where, version), read)
             if found is not None:
                 return found
         where = narrowed(where, narrowing)
         key = ("lexical", where, version, *reader.key)
-        held = self.visible.get(key, lambda: self._read_lexical(where, reader, version))
-        return held if held is not None else self._read_lexical(where, reader)  # type: ignore[return-value]
-
-    def _read_lexical(self, where: str, reader: Reader, version: int | None = None) -> LexicalRows | None:
-        """The rows ``where`` admits, analysed, the statistics counting those the reader's
-        post-check admits; None if ``version`` is gone. Rows whose columns would
-        not be kept are held by chunk id alone (the winners' columns are then read back by id)."""
-        return self._analysed(self.store.read_at(version, where, RESULT_COLUMNS), reader)
-
-    def _read_lexical_matching(
-        self, where: str, matching: pa.Array, reader: Reader, version: int
-    ) -> LexicalRows | None:
-        """The rows ``where`` admits among ``matching`` at ``version``, analysed (None if that
-        version is gone)."""
-        return self._analysed(self.store.read_rows_at(version, where, matching.to_pylist(), RESULT_COLUMNS), reader)
+        held = self.visible.get(key, lambda: self._analysed(self.store.read_at(version, where, RESULT_COLUMNS), reader))
+        if held is None:  # that version is gone: the latest rows, held nowhere
+            held = self._analysed(self.store.read_at(None, where, RESULT_COLUMNS), reader)
+        return held  # type: ignore[return-value]
 
     def _analysed(self, table: pa.Table | None, reader: Reader) -> LexicalRows | None:
-        """``table``'s rows analysed for BM25 (None for None), held by chunk id alone when their
-        columns would not be kept."""
+        """``table``'s rows analysed for BM25, the statistics counting those the reader's
+        post-check admits (None for None), held by chunk id alone when their columns would not be
+        kept (the winners' columns are then read back by id)."""
         if table is None:
             return None
         rows = LexicalRows.from_arrow(table, counted=reader.counts)
@@ -684,13 +733,16 @@ class Searcher:
         version: int,
         reader: Reader,
         narrowing: Narrowing | None = None,
+        narrow: Narrow | None = None,
     ) -> list[tuple[dict[str, Any], float]]:
         depth = max(k, HYBRID_CANDIDATES)
-        vector_rows, _ = self._vector(vector, where, depth, version, exact=True, narrowing=narrowing)
-        text_rows = [row for row, _ in self._lexical(query, where, depth, version, reader, narrowing)]
+        vector_rows, _ = self._vector(vector, where, depth, version, exact=True, narrowing=narrowing, narrow=narrow)
+        text_rows = [row for row, _ in self._lexical(query, where, depth, version, reader, narrowing, narrow)]
         rows = {row["chunk_id"]: row for row in [*text_rows, *vector_rows]}
         fused = reciprocal_rank_fusion([[r["chunk_id"] for r in vector_rows], [r["chunk_id"] for r in text_rows]])
         return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]
+
+    # -- the post-check ---------------------------------------------------------------------
 
     def post_check(
         self,
@@ -702,10 +754,12 @@ class Searcher:
         """Every candidate re-checked by the enforcer (against ``clauses``, the clause registry the
         filter was compiled with, else the current one): the hits, and how many it withheld."""
         admitted, withheld = self.admitted(ranked, view, clauses)
-        hits = [
-            Hit.of_row(row, score=score, reason=reason, table_version=version, policy_version=view.policy_version)
-            for row, score, reason in admitted
-        ]
+        hits = []
+        for index, (row, score, reason) in enumerate(admitted):
+            if index % POST_CHECK_BLOCK == 0:
+                check_deadline()
+            hits.append(Hit.of_row(row, score=score, reason=reason, table_version=version,
+                                   policy_version=view.policy_version))  # fmt: skip
         return hits, withheld
 
     def admitted(
@@ -720,7 +774,10 @@ class Searcher:
         decide = self.decisions.decider(view, registry)
         admitted: list[tuple[dict[str, Any], float, str]] = []
         withheld = 0
-        for row, score in ranked:
+        work("rows_checked", len(ranked))
+        for index, (row, score) in enumerate(ranked):
+            if index % POST_CHECK_BLOCK == 0:
+                check_deadline()
             decision = decide(row)
             if decision.allowed:
                 admitted.append((row, score, decision.reason))
@@ -728,3 +785,52 @@ class Searcher:
                 log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
                 withheld += 1
         return admitted, withheld
+
+
+@dataclass(frozen=True, kw_only=True)
+class Narrow:
+    """A narrowing filter's matches among the rows one caller may read at one version, whose they
+    are (the reader's key; None: no one's, so nothing made of them is held), and, when it was
+    evaluated in memory, the fields it was evaluated over and which of them it matched."""
+
+    narrowing: Narrowing
+    matching: pa.Array
+    owner: tuple[str, ...] | None
+    fields: VisibleFields | None = None
+    mask: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.matching)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisibleIds:
+    """The ids of the rows one compiled filter admits at one version (what ``get`` looks in)."""
+
+    chunk_ids: pa.Array
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.chunk_ids.nbytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldPositions:
+    """Where each row of one ``VisibleFields`` lies in a serving index (-1: not held by it), so a
+    filter's mask becomes index positions without a lookup per search."""
+
+    fields: VisibleFields
+    positions: np.ndarray
+
+    @classmethod
+    def of(cls, index: ResidentIndex, fields: VisibleFields) -> FieldPositions:
+        return cls(fields=fields, positions=index.positions(fields.chunk_ids))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.positions.nbytes)
+
+    def of_mask(self, mask: np.ndarray) -> np.ndarray:
+        found = self.positions[mask]
+        return found[found >= 0]

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import ipc
 
+from ..stages import work
 from ..state import Store
 from ..state.files import RESIDENT_INDEX
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
@@ -72,11 +73,9 @@ class ResidentView:
             self.bitmap.nbytes + self.tags.nbytes + self.tag_row.nbytes + self.fresh.nbytes + self.fresh_vectors.nbytes
         )
 
-    def narrowed(self, chunk_ids: pa.Array) -> ResidentView:
-        """The rows of this view among ``chunk_ids`` (what a narrowing filter matches at this
-        view's version): a smaller bitmap over the same index and tags."""
-        positions = self.index.positions(chunk_ids)
-        positions = positions[positions >= 0]
+    def narrowed(self, chunk_ids: pa.Array, positions: np.ndarray) -> ResidentView:
+        """The rows of this view a narrowing filter matched at this view's version: ``chunk_ids``,
+        of which the index holds those at ``positions``. A smaller bitmap over the same index and tags."""
         kept = positions[self.tag_row[positions] >= 0]  # held by the index and in this view
         fresh, fresh_vectors = self.fresh, self.fresh_vectors
         if fresh.num_rows:
@@ -96,6 +95,7 @@ class ResidentView:
             ({**said, **tagged}, score) for said, tagged, score in zip(content, tags, scores.tolist(), strict=True)
         ]
         if self.fresh.num_rows:
+            work("rows_scored", self.fresh.num_rows)
             fresh = self.fresh_vectors @ query
             best = np.argsort(-fresh, kind="stable")[:k]
             ranked += list(zip(self.fresh.take(pa.array(best)).to_pylist(), fresh[best].tolist(), strict=True))

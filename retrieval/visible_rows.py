@@ -25,7 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..stages import work
+
 ROW_OVERHEAD_BYTES = 64
+SETS_KEPT = 65_536
+"""At most so many sets held whatever their bytes: a caller sending a new filter at each search makes
+a small set each time (its matches, read by id), and each held set costs its key and entry too."""
 
 
 def id_ranks(chunk_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -138,6 +143,7 @@ class VisibleRows:
         norm = float(np.linalg.norm(query))
         if k < 1 or not len(self.vectors) or not np.isfinite(norm) or norm == 0:
             return []
+        work("rows_scored", len(self.vectors))
         scores = self.vectors @ (np.asarray(query, dtype=np.float32) / norm)
         best = best_first(scores, k, ties=self.ranks)
         return list(zip(self.rows.take(pa.array(best)).to_pylist(), scores[best].tolist(), strict=True))
@@ -214,7 +220,7 @@ class VisibleRowCache:
             if value is not None and self.holds(value.nbytes) and key not in self._items:
                 self._items[key] = value
                 self._bytes += value.nbytes
-            while self._bytes > self.max_bytes and self._items:
+            while (self._bytes > self.max_bytes or len(self._items) > SETS_KEPT) and self._items:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= evicted.nbytes
         pending.set_result(value)

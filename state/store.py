@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from ..errors import WarehouseError
 from ..governance.sql import sql_documents, sql_in_list
 from ..governance.tags import GovernanceTags
+from ..stages import work
 from .api_keys import ApiKeysTable
 from .audit_journal import ReceiptJournal
 from .audit_table import AuditTable
@@ -507,7 +508,9 @@ class Store:
             builder = builder.bypass_vector_index()
         else:
             builder = builder.nprobes(nprobes).refine_factor(refine_factor)
-        return builder.to_list()
+        found = builder.to_list()
+        work("rows_read", len(found))
+        return found
 
     def read_at(self, version: int | None, where: str, columns: Sequence[str]) -> pa.Table | None:
         """The rows ``where`` admits with ``columns`` at ``version`` (None: the latest), even when
@@ -516,14 +519,18 @@ class Store:
         (rows, indexes, compaction) in a second; reading only the latest made every search in flight
         across them fall back to scanning through Lance at once (stalls of a second at 64 clients)."""
         dataset = self._chunks.to_lance()
-        if version is None or dataset.version == version:
-            return dataset.to_table(columns=list(columns), filter=where)
-        try:
-            return dataset.checkout_version(version).to_table(columns=list(columns), filter=where)
-        except (OSError, pa.ArrowException) as exc:  # its manifest, or the files it names (kept a while longer)
-            if is_missing_file(exc):
-                return None
-            raise
+        if version is not None and dataset.version != version:
+            try:
+                dataset = dataset.checkout_version(version)
+                table = dataset.to_table(columns=list(columns), filter=where)
+            except (OSError, pa.ArrowException) as exc:  # its manifest, or the files it names (kept a while longer)
+                if is_missing_file(exc):
+                    return None
+                raise
+        else:
+            table = dataset.to_table(columns=list(columns), filter=where)
+        work("rows_read", table.num_rows)
+        return table
 
     def read_rows_at(self, version: int, where: str, chunk_ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
         """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if that version is
@@ -635,7 +642,9 @@ class Store:
     def rows(self, chunk_ids: Iterable[str], columns: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Rows by chunk id (all columns unless ``columns``); ids not present are simply absent."""
         wanted = columns or self._columns_but_vector
-        return {r["chunk_id"]: r for r in self._rows_where_in(self._chunks, "chunk_id", chunk_ids, wanted)}
+        found = {r["chunk_id"]: r for r in self._rows_where_in(self._chunks, "chunk_id", chunk_ids, wanted)}
+        work("rows_read", len(found))
+        return found
 
     def chunk_ids_of(self, doc_id: str, tenant: str | None = None) -> list[str]:
         """The source chunks of document ``doc_id`` in ``tenant`` (None: in any tenant)."""

@@ -17,6 +17,7 @@ ANSWERS = [
     (errors.PolicyError, 503, "policy_unavailable"),
     (errors.InvalidPolicyError, 503, "policy_unavailable"),
     (errors.OverloadedError, 503, "overloaded"),
+    (errors.DeadlineExceededError, 503, "deadline_exceeded"),
     (errors.WarehouseError, 503, "warehouse_unavailable"),
     (errors.ConfigurationError, 500, "misconfigured"),
     (errors.RagwardenError, 500, "internal"),

@@ -438,11 +438,16 @@ async function exportReceipts(filters, format) {
   }
 }
 
+// A CSV file as RFC 4180 writes it, that no spreadsheet runs as formulas: wherever a spreadsheet
+// could start reading a value (a cell's start, or the start of what follows a separator, a quote or
+// a line break, should a program split the cell there: a semicolon is the separator in many locales),
+// a formula's first character (= + - @) is preceded by an apostrophe, as is a leading tab or carriage
+// return; a cell holding a separator, a quote, a line break or an edge space is quoted, quotes doubled.
 function csv(header, rows) {
   const cell = (value) => {
     const raw = value === null || value === undefined ? "" : String(value);
-    const text = /^[=+\-@\t\r]/.test(raw) ? `'${raw}` : raw; // a spreadsheet never runs a cell as a formula
-    return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+    const text = raw.replace(/(^|[,;\t\r\n"])(\s*)(?=[=+\-@])/g, "$1$2'").replace(/^(?=[\t\r])/, "'");
+    return /[",;\t\n\r]|^\s|\s$/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
   };
   return [header, ...rows].map((row) => row.map(cell).join(",")).join("\r\n") + "\r\n";
 }

@@ -1,7 +1,8 @@
 """Under more load than it was started to take, the service refuses at once with 503 and
-Retry-After instead of queueing without bound; health probes still answer; every answer says in
-Server-Timing how long it waited and worked; a worker holding more than its peers closes
-connections so that their clients dial again."""
+Retry-After instead of queueing without bound; health probes still answer; the access log says how
+long each request waited and worked, and answers say it only where the operator asks
+(``server_timing``); a worker holding more than its peers closes connections so that their clients
+dial again."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from ragwarden.api.admission import FairSlots, _Refused
 from ragwarden.api.balance import WorkerLoads, create_loads_file
 from ragwarden.warehouse import Warehouse
 
@@ -33,9 +36,10 @@ def _with_a_slow_route(app: Any) -> None:
 
 
 def test_past_the_line_a_request_is_refused_at_once_with_retry_after_and_probes_still_answer(
-    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
 ):
     url = serve(small_warehouse, max_in_flight=1, max_queued=1, configure=_with_a_slow_route)
+    caplog.set_level(logging.INFO, logger="ragwarden.access")
     answers: list[httpx.Response] = []
 
     def call() -> None:
@@ -57,23 +61,36 @@ def test_past_the_line_a_request_is_refused_at_once_with_retry_after_and_probes_
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["code"] == "overloaded" and refused_in < HOLD_SECONDS / 2
     assert sorted(a.status_code for a in answers) == [200, 200]
-    waited = max(float(a.headers["server-timing"].split("queue;dur=")[1].split(",")[0]) for a in answers)
-    assert waited >= 300, f"the second request waited in line, and says so: {waited} ms"
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragwarden.access"]
+    waited = max(line["queue_ms"] for line in lines if line["path"] == "/v1/test-slow")
+    assert waited >= 300, f"the second request waited in line, and the access log says so: {waited} ms"
     after = httpx.post(f"{url}/v1/search", json={"query": "menu"}, headers=bearer("alice"), timeout=30)
     assert after.status_code == 200
 
 
-def test_a_search_says_where_its_time_went_stage_by_stage(
-    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+def test_a_search_tells_the_operator_where_its_time_and_work_went_and_the_caller_nothing(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
 ):
+    caplog.set_level(logging.INFO, logger="ragwarden.access")
     url = serve(small_warehouse)
     answer = httpx.post(f"{url}/v1/search", json={"query": "cafeteria menu"}, headers=bearer("alice"), timeout=30)
     assert answer.status_code == 200 and answer.json()["hits"]
-    took = answer.json()["took_ms"]
-    assert set(took) == {"embed", "rank", "check", "receipt"} and all(ms >= 0 for ms in took.values())
+    assert set(answer.json()) == {"hits", "manifest"} and "server-timing" not in answer.headers
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragwarden.access"]
+    stages = {name.removesuffix("_ms"): ms for name, ms in line.items() if name.endswith("_ms")}
+    assert {"queue", "app", "embed", "rank", "check", "receipt"} <= set(stages) and all(ms >= 0 for ms in stages.values())
+    assert line["app_ms"] >= (stages["embed"] + stages["rank"] + stages["check"]) * 0.99, "stages are parts of the work"
+    assert line["work"]["rows_checked"] == len(answer.json()["hits"]) and line["work"]["rows_read"] > 0
+
+
+def test_an_operator_who_asks_for_server_timing_gets_it_on_each_answer(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+):
+    url = serve(small_warehouse, server_timing=True)
+    answer = httpx.post(f"{url}/v1/search", json={"query": "cafeteria menu"}, headers=bearer("alice"), timeout=30)
     timing = dict(part.strip().split(";dur=") for part in answer.headers["server-timing"].split(","))
     assert {"queue", "app", "embed", "rank", "check", "receipt"} <= set(timing)
-    assert float(timing["app"]) >= sum(took.values()) * 0.99, "the stages are parts of the time at work"
+    assert float(timing["app"]) >= sum(float(timing[name]) for name in ("embed", "rank", "check")) * 0.99
 
 
 def test_each_request_leaves_one_json_access_line_without_its_query(
@@ -169,3 +186,134 @@ def test_a_request_whose_client_hung_up_in_line_is_not_run_and_is_logged_as_499(
     searches = [line for line in lines if line["path"] == "/v1/search"]
     assert [line["status"] for line in searches] == [499], f"access lines of the search: {searches}"
     assert "embed_ms" not in searches[0], "the search itself never ran"
+
+
+# -- fair shares -----------------------------------------------------------------------------------
+
+
+def test_a_caller_holds_at_most_its_share_and_the_line_is_served_caller_by_caller(monkeypatch):
+    monkeypatch.setattr("ragwarden.api.admission.ACTIVE_SECONDS", 0.2)
+    work = 0.01  # both callers' requests cost the same: half the places each
+
+    async def scenario() -> None:
+        slots = FairSlots(4, 8)
+        assert [slots.admit("a") for _ in range(4)] == [None] * 4, "alone, a caller may use every place"
+        more_of_a = [slots.admit("a") for _ in range(3)]
+        b = slots.admit("b")
+        assert b is not None and all(f is not None for f in more_of_a) and slots.share("a") == 2
+        slots.release("a", work)  # a free place: b's, though a asked first (a holds 3, past its share of 2)
+        assert b.done() and not any(f.done() for f in more_of_a)
+        slots.release("a", work)  # a holds 2, its share while b is active: the place stays free for b
+        assert slots.busy == 3 and not any(f.done() for f in more_of_a)
+        slots.release("b", work)
+        await asyncio.sleep(0.25)  # b has been quiet past ACTIVE_SECONDS: a's share is every place again
+        slots.release("a", work)
+        assert sum(f.done() for f in more_of_a) == 3 and slots.busy == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_whose_requests_cost_more_holds_fewer_places_beside_a_cheaper_one():
+    """Shares are of time at work: a caller of 300 ms requests holds one place of eight beside a
+    caller of 6 ms ones, who may hold the other seven; alone again, it may hold all eight."""
+
+    async def scenario() -> None:
+        slots = FairSlots(8, 32)
+        assert slots.admit("heavy") is None and slots.admit("light") is None
+        slots.release("heavy", 0.3)
+        slots.release("light", 0.006)
+        assert (slots.share("heavy"), slots.share("light")) == (1, 7)
+        assert slots.admit("heavy") is None and slots.admit("heavy") is not None, "one place at work, the next waits"
+        assert all(slots.admit("light") is None for _ in range(7)), "the cheap caller's seven"
+        assert slots.share("newcomer") >= slots.share("light"), "a caller not yet measured counts as the cheapest"
+        assert slots.cheaper_at_work("heavy") and not slots.cheaper_at_work("light"), "the heavy one gives way"
+        for _ in range(7):
+            slots.release("light", 0.006)
+        assert not slots.cheaper_at_work("heavy"), "no cheaper request at work: nothing to give way to"
+
+    asyncio.run(scenario())
+
+
+def test_a_full_line_takes_a_newcomer_in_place_of_a_caller_holding_more_than_its_share():
+    async def scenario() -> None:
+        slots = FairSlots(1, 2)
+        assert slots.admit("a") is None
+        first, last = slots.admit("a"), slots.admit("a")  # the line is full, all a's
+        b = slots.admit("b")
+        assert b is not None and last is not None and isinstance(last.exception(), _Refused)
+        assert first is not None and not first.done(), "a keeps its share of the line"
+        with pytest.raises(_Refused):
+            slots.admit("c")  # a and b each hold their share: the line is full for c
+        slots.release("a", 0.01)
+        assert b.done() and not first.done(), "the line is served caller by caller: b, then a"
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_sending_many_slow_requests_waits_behind_its_own_not_in_front_of_another(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+):
+    url = serve(small_warehouse, max_in_flight=2, max_queued=16, configure=_with_a_slow_route)
+    finished: dict[str, list[float]] = {"alice": [], "bob": []}
+    started = time.perf_counter()
+
+    def call(who: str) -> None:
+        answer = httpx.get(f"{url}/v1/test-slow", headers=bearer(who), timeout=30)
+        assert answer.status_code == 200
+        finished[who].append(time.perf_counter() - started)
+
+    flood = [threading.Thread(target=call, args=("alice",)) for _ in range(6)]
+    for thread in flood:
+        thread.start()
+    time.sleep(0.3)  # alice holds both places and four more wait
+    other = threading.Thread(target=call, args=("bob",))
+    other.start()
+    for thread in [*flood, other]:
+        thread.join()
+    (bob,) = finished["bob"]
+    assert bob < 2 * HOLD_SECONDS + 0.3, f"bob was served at the first free place ({bob:.2f} s), not after alice's line"
+    assert max(finished["alice"]) > bob
+
+
+# -- a search's deadline, and a client that leaves ---------------------------------------------------
+
+
+def test_a_search_past_its_deadline_answers_503_and_the_access_line_says_so(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
+):
+    caplog.set_level(logging.INFO, logger="ragwarden.access")
+    url = serve(small_warehouse, search_deadline_seconds=1e-6)
+    answer = httpx.post(f"{url}/v1/search", json={"query": "cafeteria menu"}, headers=bearer("alice"), timeout=30)
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "deadline_exceeded"
+    assert "search_deadline_seconds" in answer.json()["error"]["message"]
+    time.sleep(0.2)
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragwarden.access"]
+    assert line["status"] == 503 and "rows_checked" not in line.get("work", {})
+
+
+def test_a_search_whose_client_leaves_while_it_works_stops_and_is_logged_as_499(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog, monkeypatch
+):
+    """The search is held at its query's embedding (the real encoder, after a pause the test
+    controls) while its client hangs up; released, it stops at its next check, before ranking."""
+    caplog.set_level(logging.INFO, logger="ragwarden.access")
+    url = serve(small_warehouse)
+    paused, encode = threading.Event(), small_warehouse.embedder.encode
+    monkeypatch.setattr(small_warehouse.embedder, "encode", lambda texts: paused.wait(10) and encode(texts))
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"query": "cafeteria menu"}).encode()
+    head = (f"POST /v1/search HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nAuthorization: {bearer('alice')['Authorization']}\r\n\r\n")  # fmt: skip
+    receipts = len(small_warehouse.audit.query(subject="user:alice", limit=100))
+    with socket.create_connection((host, int(port))) as leaving:
+        leaving.sendall(head.encode() + body)
+        time.sleep(0.3)  # at work, held at the embedding
+    time.sleep(0.3)  # the server sees the client go
+    paused.set()
+    deadline = time.monotonic() + 10
+    while not (lines := [json.loads(r.getMessage()) for r in caplog.records if r.name == "ragwarden.access"]):
+        assert time.monotonic() < deadline, "the search never finished"
+        time.sleep(0.05)
+    (line,) = lines
+    assert line["status"] == 499 and "rows_checked" not in line.get("work", {}), line
+    assert len(small_warehouse.audit.query(subject="user:alice", limit=100)) == receipts, "no answer, no retrieval"

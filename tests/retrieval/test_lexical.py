@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from support.raw_tables import raw_table
 
 from ragwarden.governance.caller import Caller
+from ragwarden.retrieval.hits import Hit
 from ragwarden.retrieval.lexical import LexicalRows, analyse, query_terms
 from ragwarden.retrieval.search import Searcher
+from ragwarden.stages import work_done
 from ragwarden.state import text_analysis
 from ragwarden.warehouse import Warehouse
 
@@ -127,25 +129,23 @@ def test_a_callers_rows_are_analysed_once_per_table_version(
     public = {"acl": {"allow": ["everyone"]}, "labels": [], "classification": "public"}
     warehouse = demo_policy_warehouse
     assert warehouse.ingest_records([make_record(id="one", text="pumps and valves", **public)]).ok
-    searcher = warehouse._searcher
-    reads: list[int] = []
-    original = searcher._read_lexical
+    analyses: list[int] = []
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        reads.append(1)
-        return original(*args, **kwargs)
+    def search(query: str, subject: str) -> list[Hit]:
+        before = work_done()["rows_analysed"]
+        found = warehouse.search(query, subject=subject, tenant="acme", k=5, mode="fts")
+        analyses.append(work_done()["rows_analysed"] - before)
+        return found
 
-    with mock.patch.object(searcher, "_read_lexical", counting):
-        first = [h.chunk_id for h in warehouse.search("pump", subject="user:dave", tenant="acme", k=5, mode="fts")]
-        for _ in range(3):
-            again = warehouse.search("valve", subject="user:dave", tenant="acme", k=5, mode="fts")
-            assert [h.chunk_id for h in again] == first
-        assert len(reads) == 1  # one read and analysis, then from memory
-        assert warehouse.ingest_records([make_record(id="two", text="a pump", **public)]).ok
-        hits = warehouse.search("pump", subject="user:dave", tenant="acme", k=5, mode="fts")
-        assert {h.doc_id for h in hits} == {"one", "two"} and len(reads) == 2  # the commit is seen at once
-        warehouse.search("pump", subject="user:alice", tenant="acme", k=5, mode="fts")
-        assert len(reads) == 3  # another caller: its own rows, its own statistics
+    first = [h.chunk_id for h in search("pump", "user:dave")]
+    for _ in range(3):
+        assert [h.chunk_id for h in search("valve", "user:dave")] == first
+    assert analyses[0] > 0 and analyses[1:] == [0, 0, 0]  # one read and analysis, then from memory
+    assert warehouse.ingest_records([make_record(id="two", text="a pump", **public)]).ok
+    assert {h.doc_id for h in search("pump", "user:dave")} == {"one", "two"}
+    assert analyses[-1] > 0  # the commit is seen at once
+    search("pump", "user:alice")
+    assert analyses[-1] > 0  # another caller: its own rows, its own statistics
 
 
 def test_a_row_whose_label_slipped_past_the_registry_is_withheld_and_moves_no_score(

@@ -27,6 +27,7 @@ from ragwarden.governance.caller import Caller
 from ragwarden.governance.visibility import check_row
 from ragwarden.retrieval.narrowing import narrowing
 from ragwarden.retrieval.search import Searcher
+from ragwarden.retrieval.visible_fields import FIELD_COLUMNS, VisibleFields
 from ragwarden.warehouse import Warehouse
 
 HOSTILE_TEXT = ["", "O'Brien", "' OR 1=1 --", "') OR ('1'='1", '"quoted"', "back\\slash", "é ü 中", "line\nbreak",
@@ -201,6 +202,21 @@ def test_a_filter_matches_exactly_the_rows_its_plain_reading_says(
     assert found == {row["chunk_id"] for row in stored_rows if matches(expression, row)}, compiled.sql
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_filter_evaluated_in_memory_over_the_rows_matches_exactly_what_its_plain_reading_says(
+    hostile_metadata_warehouse: Warehouse, stored_rows: list[dict[str, Any]], data: st.DataObject
+):
+    """The evaluation searches use (over the fields of the rows a caller may read), here over
+    every row: the same rows as the SQL above and as the plain reading."""
+    expression = data.draw(FILTERS)
+    compiled = narrowing(expression)
+    assert compiled is not None
+    fields = VisibleFields.from_arrow(hostile_metadata_warehouse.store.read_at(None, "TRUE", FIELD_COLUMNS))
+    found = set(fields.chunk_ids.filter(pa.array(compiled.mask(fields))).to_pylist())
+    assert found == {row["chunk_id"] for row in stored_rows if matches(expression, row)}, expression
+
+
 def test_the_oracle_and_the_data_can_tell_filters_apart(stored_rows: list[dict[str, Any]]):
     """Positive controls: the hostile values are stored, and typed equality separates look-alikes."""
     titles = [row["metadata"].get("title") for row in stored_rows]
@@ -335,5 +351,63 @@ def test_a_filtered_text_search_ranks_what_both_filters_anded_in_lance_would(
 
     routed = answer(Searcher(hostile_metadata_warehouse.store, None))  # type: ignore[arg-type]
     plain = Searcher(hostile_metadata_warehouse.store, None)  # type: ignore[arg-type]
-    monkeypatch.setattr(plain, "_matching", lambda narrowing, version: None)  # as if never found: both filters in Lance
+    monkeypatch.setattr(plain, "_visible_fields", lambda where, version: None)  # as if that version were gone: Lance
     assert routed == answer(plain)
+
+
+@pytest.mark.parametrize(
+    ("limits", "expression", "named"),
+    [
+        ({"filter_max_terms": 3}, {"a": 1, "b": 2, "$or": [{"c": 3}, {"d": 4}]}, "more than 3 conditions (setting filter_max_terms)"),
+        ({"filter_max_values": 4}, {"year": {"$in": [1, 2, 3, 4, 5]}}, "lists 5 values; the limit is 4 (setting filter_max_values)"),
+        ({"filter_max_depth": 2}, {"$or": [{"$and": [{"a": 1}]}]}, "nests deeper than 2 levels (setting filter_max_depth)"),
+        ({"filter_max_bytes": 64}, {"title": "x" * 100}, "the limit is 64 (setting filter_max_bytes)"),
+    ],
+)
+def test_a_filter_past_a_configured_limit_is_refused_naming_the_limit_and_its_setting(
+    tmp_path: Path, limits: dict[str, int], expression: dict[str, Any], named: str
+):
+    warehouse = Warehouse(Settings(warehouse=str(tmp_path / "wh"), **limits), embedder=None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError) as refused:
+        warehouse.search("q", subject="user:alice", tenant="acme", vector=[0.0] * warehouse.store.dimension, filter=expression)
+    assert named in str(refused.value)
+    within = {name: value + 100 for name, value in limits.items()}
+    assert narrowing(expression, Settings(**within).filter_limits) is not None, "within the limits it compiles"
+
+
+def test_the_largest_filter_the_default_limits_admit_compiles_in_one_pass():
+    """As many conditions and values as the limits allow (the bytes limit binds first): compiled to
+    one SQL term per condition, each value written once."""
+    values = list(range(400))
+    expression = {"$or": [{f"field{i}": {"$in": values}} for i in range(24)]}
+    compiled = narrowing(expression)
+    assert compiled is not None and compiled.sql.count(" IN (") == 24
+    assert compiled.sql.count("399.0") == 24
+    with pytest.raises(InvalidRequestError, match="setting filter_max_bytes"):
+        narrowing({"$or": [{f"field{i}": {"$in": values}} for i in range(64)]})
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [{"title": {"$ne": "x"}}, {"doc_id": {"$in": STORED_IDS[:50]}}, {"year": {"$gte": 0}, "source_uri": {"$gt": ""}},
+     {"created_at": {"$gte": "2000-01-01"}}],  # fmt: skip
+)
+def test_where_lance_evaluates_a_filter_it_refines_only_the_rows_the_caller_may_read(
+    hostile_metadata_warehouse: Warehouse, world: World, expression: dict[str, Any]
+):
+    """The route for a caller whose fields a process cannot hold: both filters in one Lance read.
+    Lance's own plan shows the governance filter served by the scalar indexes and the narrowing
+    applied to the rows they admitted alone (no index serves the narrowing's columns, ``doc_id``'s
+    BTREE included, which would probe every reader's rows)."""
+    searcher = hostile_metadata_warehouse._searcher
+    view = searcher.view(hostile_metadata_warehouse.policy, Caller(subject=world.subjects[0.1], tenant=TENANT))
+    where = searcher.prefilter(view)
+    compiled = narrowing(expression)
+    assert compiled is not None
+    plan = raw_table(hostile_metadata_warehouse.store).to_lance().scanner(
+        filter=f"({where}) AND ({compiled.within(TENANT).sql})", columns=["chunk_id"]
+    ).analyze_plan()
+    refining = next(line for line in plan.splitlines() if "refine_filter=" in line and "refine_filter=--" not in line)
+    scanned = int(refining.split("rows_scanned=")[1].split(",")[0])
+    assert scanned == hostile_metadata_warehouse.store.count(where) < len(world.rows.ids) / 5
+    assert "ScalarIndexQuery" in plan and "doc_id_idx" not in plan

@@ -82,6 +82,16 @@ def test_the_cache_keeps_its_budget_evicting_the_least_recently_used():
     assert cache.get(("b", 1), lambda: None) is None  # 'b' was the one evicted
 
 
+def test_the_cache_holds_a_bounded_number_of_sets_however_small(monkeypatch):
+    """A caller sending a new filter at each search makes a small set each time: the count of sets
+    held is bounded too, not only their bytes."""
+    monkeypatch.setattr("ragwarden.retrieval.visible_rows.SETS_KEPT", 3)
+    cache = VisibleRowCache(max_bytes=10**9)
+    for name in "abcde":
+        cache.get((name, 1), lambda: _rows(1))
+    assert len(cache) == 3 and cache.get(("a", 1), lambda: None) is None, "the least recently used went first"
+
+
 def test_a_set_over_a_quarter_of_the_budget_is_returned_but_not_held():
     big = _rows(1000)
     cache = VisibleRowCache(max_bytes=big.nbytes * 3)
