@@ -202,7 +202,7 @@ class Settings:
         if not self.search_deadline_seconds > 0:
             seconds = self.search_deadline_seconds
             raise ConfigurationError(f"setting search_deadline_seconds must be above 0, got {seconds}")
-        self.filter_limits  # noqa: B018 -- checks the filter limits
+        _ = self.filter_limits  # building the limits refuses one below 1, naming its setting
         check_embed_backend(self.embed_backend)
 
     @classmethod

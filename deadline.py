@@ -10,10 +10,9 @@ the others run: it gives up the interpreter lock (one lock per process: threads 
 so a request of many steps (a filter of 256 conditions) takes turns with the requests beside it at
 every step rather than once per switch interval, and while a request of a caller whose requests
 cost less than half as much is at work (``Deadline.behind``, from admission's running costs), it
-waits ``PAUSE_SECONDS`` at each check instead. Measured (``bench/stall.py``): another caller's p99
-beside eight clients sending the largest filter was 3.0 to 4.0 times its idle p50 with shares by
-cost alone, 1.9 to 2.1 times with these turns. Outside a bounded request, a check costs one
-context lookup.
+waits ``PAUSE_SECONDS`` at each check instead (what that buys another caller beside the most
+expensive searches: ``bench/stall.py``, figures in ``docs/performance.md``). Outside a bounded
+request, a check costs one context lookup.
 """
 
 from __future__ import annotations
@@ -78,6 +77,12 @@ def bounded(seconds: float, deadline: Deadline | None = None) -> Iterator[Deadli
         yield current
     finally:
         _CURRENT.reset(token)
+
+
+def remaining_seconds() -> float | None:
+    """How long the current request may still work (None outside a bounded request): for a wait."""
+    current = _CURRENT.get()
+    return None if current is None else max(0.0, current.ends - time.monotonic())
 
 
 def check_deadline() -> None:

@@ -72,7 +72,7 @@ class PermissionGate:
     ) -> None:
         """``fresh()`` holds one freshness check for the length of a read operation
         (``state.Store.pinned``): its policy, registries and table versions come from one check.
-        ``read_deadline_seconds``: how long a read operation (search, get) may work before it is
+        ``read_deadline_seconds``: how long a read (search, get) or an explain may work before it is
         stopped (``deadline``; a request's own deadline, set by the HTTP layer, stands instead)."""
         self._audit = audit
         self._policy = policy
@@ -152,11 +152,12 @@ class PermissionGate:
         # A storage failure names this operation; a read sees one freshness check throughout and
         # stops at its deadline; the operation's work is counted (``stages``).
         reading = need is Need.READ
+        bounded_here = (reading or operation is Operation.EXPLAIN) and self._read_deadline
         with (
             operation_named(str(operation)),
             counting(),
             self._fresh() if reading else nullcontext(),
-            bounded(self._read_deadline) if reading and self._read_deadline else nullcontext(),
+            bounded(self._read_deadline) if bounded_here else nullcontext(),  # type: ignore[arg-type]
         ):
             permission = self.decide(operation, caller, need, about=about)
             kind = "retrieval" if need is Need.READ else "decision"

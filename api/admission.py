@@ -10,12 +10,12 @@ Fair per caller (``FairSlots``): a caller holds at most its share of the places 
 line, and the line is served caller by caller, so one caller sending many expensive requests at
 once waits behind its own requests, never in front of anyone else's. Shares are of time at work:
 beside the other callers active in the last ``ACTIVE_SECONDS``, a caller's part of the places is in
-proportion to how little its requests have been costing, so a caller of 300 ms requests holds one
-place beside a caller of 6 ms ones, and two callers alike hold half each (with one interpreter lock
-per process, what a request at work takes from the others is time, not a place). Who a caller is comes from its
-credential: the verified identity where that needs no I/O (a token signed with the shared
-secret), else the credential as presented (an API key is one principal's); every credential that
-does not verify shares one line.
+proportion to how little its requests have been costing (the work a search did, ``COST``, else its
+time at work), so a caller of 300 ms requests holds one place beside a caller of 6 ms ones, and two
+callers alike hold half each (with one interpreter lock per process, what a request at work takes
+from the others is time, not a place). Places beyond a caller's share are lent while no one else
+waits, keeping one free for each other active caller, so none sits idle while requests wait. Who
+a caller is comes from its credential, without I/O (``callers``).
 
 Health probes are never refused. The time a request waited and worked, its stages and its work
 (``stages``) go to the ``ragwarden.access`` logger, one JSON line per request: method, path
@@ -37,13 +37,14 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import OverloadedError
+from ..errors import OverloadedError, RagwardenError
 from ..stages import Measurement, measuring
 from .balance import WorkerLoads
 from .limits import CLIENT_CLOSED_STATUS, CLIENT_GONE
 
 RETRY_AFTER_SECONDS = 1
-BEHIND = "ragwarden.behind"  # a request's scope: whether a cheaper caller's request is at work
+BEHIND = "ragwarden.behind"  # a request's state: whether a cheaper caller's request is at work
+COST = "ragwarden.cost"  # a request's state: the seconds of work it did (else its time at work counts)
 ACTIVE_SECONDS = 1.0
 """A caller counts among those sharing the places at work while it has a request at work or in
 line, and for this long after its last one arrived or finished."""
@@ -96,17 +97,32 @@ class FairSlots:
     def share(self, caller: str) -> int:
         """Places at work ``caller`` may hold: every one alone; beside others, its part of them in
         proportion to how little its requests cost (a caller not yet measured counts as the
-        cheapest), one at the least."""
+        costliest), one at the least."""
         if self.active() == 1:
             return self.slots
         known = [self._cost[name] for name in self._seen if name in self._cost]
-        unmeasured = min(known, default=CHEAPEST_COST)
+        unmeasured = max(known, default=CHEAPEST_COST)
         weights = {name: 1.0 / self._cost.get(name, unmeasured) for name in self._seen}
         return max(1, math.floor(self.slots * weights.get(caller, 1.0 / unmeasured) / sum(weights.values())))
 
+    def may_start(self, caller: str) -> bool:
+        """Whether a request of ``caller`` may start now: within its share; or beyond it, when no
+        active caller's requests cost less than half what its own do (a costlier caller keeps to its
+        share: the time it would take is the others'), into a place no other caller waits for,
+        leaving one free for each other active caller with nothing at work (a caller coming back
+        starts at once)."""
+        if self.busy >= self.slots:
+            return False
+        if self._working[caller] < self.share(caller):
+            return True
+        if self._cheaper(caller, list(self._seen)) or any(line for other, line in self._lines.items() if other != caller):
+            return False
+        idle = sum(1 for other in self._seen if other != caller and not self._working[other])
+        return self.busy < self.slots - idle
+
     def admit(self, caller: str) -> asyncio.Future[None] | None:
         self._seen[caller] = time.monotonic()
-        if self.busy < self.slots and self._working[caller] < self.share(caller) and not self._lines.get(caller):
+        if not self._lines.get(caller) and self.may_start(caller):
             self._take(caller)
             return None
         line = self._lines.get(caller)
@@ -144,11 +160,12 @@ class FairSlots:
     def cheaper_at_work(self, caller: str) -> bool:
         """Whether a caller whose requests cost less than half what ``caller``'s do has one at work
         (read from a request's own thread: a stale answer only shifts a pause)."""
+        return self._cheaper(caller, [other for other, n in list(self._working.items()) if n])
+
+    def _cheaper(self, caller: str, others: list[str]) -> bool:
+        """Whether one of ``others`` costs less than half what ``caller`` does."""
         cost = self._cost.get(caller)
-        if cost is None:
-            return False
-        return any(n and other != caller and self._cost.get(other, cost) < cost / 2
-                   for other, n in list(self._working.items()))  # fmt: skip
+        return cost is not None and any(other != caller and self._cost.get(other, cost) < cost / 2 for other in others)
 
     def _take(self, caller: str) -> None:
         self.busy += 1
@@ -159,6 +176,7 @@ class FairSlots:
     def _dispatch(self) -> None:
         while self.busy < self.slots:
             eligible = [caller for caller in self._lines if self._working[caller] < self.share(caller)]
+            eligible = eligible or [caller for caller in self._lines if self.may_start(caller)]
             if not eligible:
                 return
             caller = min(eligible, key=lambda name: self._served.get(name, 0))
@@ -219,7 +237,12 @@ class Admission:
             await self.app(scope, receive, send)
             return
         arrived = time.perf_counter()
-        caller = self.caller_of(scope)
+        try:
+            caller = self.caller_of(scope)
+        except RagwardenError as exc:  # a request admission cannot name (two credentials): refused at once
+            await _refuse(send, exc.status, exc.code, str(exc), [])
+            _log(scope, {"status": exc.status, "rebalanced": False}, arrived, arrived, Measurement())
+            return
         try:
             waiting = self.slots.admit(caller)
             if waiting is not None:
@@ -245,7 +268,8 @@ class Admission:
                 timed = _timed(send, arrived, started, measurement, answer, closing, self.server_timing)
                 await self.app(scope, receive, timed)
         finally:
-            self.slots.release(caller, time.perf_counter() - started)
+            worked = scope.get("state", {}).get(COST, time.perf_counter() - started)
+            self.slots.release(caller, worked)
             _log(scope, answer, arrived, started, measurement)
 
     def _listening(self, scope: Scope) -> bool:
@@ -307,8 +331,13 @@ def _timed(
 async def _overloaded(send: Send, in_flight: int, queued: int, extra: list[tuple[bytes, bytes]]) -> None:
     message = (f"the service is at capacity ({in_flight} requests at work, {queued} waiting, shared among "
                f"callers); retry in {RETRY_AFTER_SECONDS} s or on another replica")  # fmt: skip
-    body = json.dumps({"error": {"code": OverloadedError.code, "message": message}}).encode("utf-8")
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"retry-after", str(RETRY_AFTER_SECONDS).encode()), *extra]  # fmt: skip
-    await send({"type": "http.response.start", "status": OverloadedError.status, "headers": headers})
+    retry = [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())]
+    await _refuse(send, OverloadedError.status, OverloadedError.code, message, [*retry, *extra])
+
+
+async def _refuse(send: Send, status: int, code: str, message: str, extra: list[tuple[bytes, bytes]]) -> None:
+    """Answer at once, in the shape of every error answer (``http_errors``)."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode("utf-8")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated
 
@@ -19,17 +19,17 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi_offline import FastAPIOffline
 from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Scope
 
 from ..config import Settings
 from ..credentials import Authenticator, authenticator_for
 from ..deadline import Deadline, bounded, in_turns
-from ..errors import AuthenticationError, PolicyError
+from ..errors import PolicyError
 from ..governance.caller import Identity
 from ..retrieval.manifest import ContextManifest
 from ..warehouse import Warehouse
-from .admission import BEHIND, Admission
+from .admission import BEHIND, COST, Admission
 from .balance import WorkerLoads
+from .callers import VERIFIED, CallerNames
 from .console import mount_console
 from .http_errors import ERROR_RESPONSES, install_error_handlers
 from .http_models import (
@@ -66,7 +66,6 @@ from .limits import CLIENT_GONE, BodyLimit
 from .scim import mount_scim
 
 MCP_PATH = "/mcp"
-VERIFIED = "ragwarden.identity"  # a request's identity, where admission verified it already
 DOCS_ASSETS = "/docs-assets"
 MAX_RECEIPTS = 1000
 ChunkId = Annotated[str, Path(max_length=MAX_ID_CHARS, description="A chunk or derived row id.")]
@@ -96,9 +95,13 @@ def _header(credentials: HTTPAuthorizationCredentials | None) -> str | None:
 
 
 def _caller(request: Request, credentials: Bearer) -> Identity:
-    """The verified identity of the request's bearer credential (401 without one)."""
+    """The verified identity of the request's bearer credential (401 without one), remembered for
+    admission (``callers``)."""
     authenticator: Authenticator = request.app.state.authenticator
-    return authenticator.from_header(_header(credentials))
+    header = _header(credentials)
+    identity = authenticator.from_header(header)
+    request.app.state.caller_names.remember(header, identity)
+    return identity
 
 
 Verified = Annotated[Identity, Depends(_caller)]
@@ -115,30 +118,10 @@ async def _caller_on_loop(request: Request, credentials: Bearer) -> Identity:
     if verified is not None and verified[0] == header:  # decided once, on admission
         return verified[1]
     authenticator: Authenticator = request.app.state.authenticator
-    return authenticator.at_hand(header) or await run_in_threadpool(authenticator.from_header, header)
+    return authenticator.at_hand(header) or await run_in_threadpool(_caller, request, credentials)
 
 
 VerifiedOnLoop = Annotated[Identity, Depends(_caller_on_loop)]
-
-
-def caller_of(authenticator: Authenticator) -> Callable[[Scope], str]:
-    """Who a request is admitted as (``admission.FairSlots``): the verified identity where that
-    needs no I/O (kept in the request's state for the route), else the credential as presented,
-    hashed (an API key is one principal's); every credential that fails shares one name."""
-
-    def caller(scope: Scope) -> str:
-        raw = dict(scope.get("headers") or []).get(b"authorization")
-        header = raw.decode("latin-1") if raw is not None else None
-        try:
-            identity = authenticator.at_hand(header)
-        except AuthenticationError:
-            return "unverified"
-        if identity is None:
-            return "credential:" + hashlib.sha256((header or "").encode("utf-8", "replace")).hexdigest()
-        scope.setdefault("state", {})[VERIFIED] = (header, identity)
-        return f"identity:{identity.tenant}\x00{identity.subject}"
-
-    return caller
 
 
 async def _call_off_when_gone(request: Request, deadline: Deadline) -> None:
@@ -160,6 +143,7 @@ def create_app(
     warehouse = warehouse or Warehouse(settings)
     warehouse.policy  # noqa: B018 -- a stored policy that does not load is refused before serving
     authenticator = authenticator_for(warehouse, settings.auth)
+    caller_names = CallerNames(authenticator)
     mcp_server = None
     if with_mcp:
         from .mcp_server import build_mcp_server
@@ -190,10 +174,11 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(
         Admission, max_in_flight=settings.max_in_flight, max_queued=settings.max_queued, exempt=("/healthz", "/readyz"),
-        streams=(MCP_PATH,), peers=peers, caller_of=caller_of(authenticator), server_timing=settings.server_timing,
+        streams=(MCP_PATH,), peers=peers, caller_of=caller_names, server_timing=settings.server_timing,
     )
     app.state.warehouse = warehouse
     app.state.authenticator = authenticator
+    app.state.caller_names = caller_names
 
     @app.get("/healthz", response_model=Health, tags=["service"])
     def healthz() -> Health:
@@ -230,6 +215,7 @@ def create_app(
         # model's check), and under load each waits its turn at the interpreter lock. Its work
         # stops at the deadline, or when the client goes away.
         def answer() -> Response:
+            began = time.thread_time()
             with bounded(deadline.seconds, deadline):
                 hits = warehouse.search(
                     body.query, caller=identity, k=body.k, mode=body.mode, min_version=body.min_version,
@@ -238,7 +224,9 @@ def create_app(
                 )  # fmt: skip
                 manifest = ManifestModel.of(ContextManifest.of(hits))
                 model = SearchResponse(hits=[HitModel.of(h) for h in in_turns(hits)], manifest=manifest)
-            return Response(model.model_dump_json().encode(), media_type="application/json")
+            answered = model.model_dump_json().encode()
+            request.scope.setdefault("state", {})[COST] = time.thread_time() - began  # its own, not its pauses
+            return Response(answered, media_type="application/json")
 
         watching = asyncio.create_task(_call_off_when_gone(request, deadline))
         try:

@@ -19,7 +19,8 @@ Semantics, the same on every surface:
   strings on the text columns and ISO 8601 times on ``created_at``;
 - the columns that govern who may read a row are refused: a filter narrows, it never decides access.
 
-Its cost is bounded: compiling is linear in the filter's size, and ``FilterLimits`` (settings)
+Its cost is bounded: compiling is one pass over the filter (its SQL is joined again at each level
+of nesting, so the time is its size times its depth, at most 16), and ``FilterLimits`` (settings)
 bound its bytes, conditions, nesting and values; a refusal names the limit and its setting.
 """
 
@@ -45,13 +46,12 @@ from ..errors import InvalidRequestError
 from ..governance.sql import sql_string
 from ..stages import work
 from ..state.schema import TAG_COLUMNS
-from .visible_fields import MetadataField, VisibleFields
+from .visible_fields import TEXT_COLUMNS, MetadataField, VisibleFields, as_float
 
 COMPARISONS = {"$eq": "=", "$ne": "<>", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 MEMBERSHIP = ("$in", "$nin")
 LOGICAL = ("$and", "$or")
 RANGES = ("$gt", "$gte", "$lt", "$lte")
-TEXT_COLUMNS = ("doc_id", "source_uri", "kind")
 TIME_COLUMN = "created_at"
 METADATA_PREFIX = "metadata."
 GOVERNANCE_NAMES = frozenset({*TAG_COLUMNS, "acl", "parents"})
@@ -152,6 +152,23 @@ class Narrowing:
         work("filter_rows", fields.rows)
         work("filter_matched", int(np.count_nonzero(found)))
         return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Narrow:
+    """A narrowing filter's matches among the rows one caller may read at one table version, whose
+    they are (the reader's key; None: no one's, so nothing made of them is held), and, when it was
+    evaluated in memory, the fields it was evaluated over and which of them it matched."""
+
+    narrowing: Narrowing
+    matching: pa.Array
+    owner: tuple[str, ...] | None
+    fields: VisibleFields | None = None
+    mask: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.matching)
 
 
 def narrowing(expression: Mapping[str, Any] | None, limits: FilterLimits | None = None) -> Narrowing | None:
@@ -276,7 +293,7 @@ class _Target:
                 raise InvalidRequestError(f"{at}: a range compares numbers, not {value!r}")
             return _Literal("bool", _quoted("true" if value else "false", at), value)
         if isinstance(value, (int, float)):
-            number = _float(value)
+            number = as_float(value)
             if not math.isfinite(number):
                 raise InvalidRequestError(f"{at}: {value!r} is not a finite number")
             return _Literal("number", repr(number), number)
@@ -453,13 +470,6 @@ def _metadata_field(key: str, at: str) -> _Target:
     if '"' in key or "\\" in key or not key.isprintable():
         raise InvalidRequestError(f"{at}: metadata field {key!r} holds a quote, a backslash or a control character")
     return _Target(column=None, key=key)
-
-
-def _float(value: int | float) -> float:
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf
 
 
 def _quoted(value: str, at: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import faiss
 import numpy as np
@@ -85,9 +86,24 @@ class ResidentIndex:
         return resident_bytes(self.rows, self.graph.d) + int(self.content.nbytes)
 
     def positions(self, chunk_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-        """Each id's position in the index, -1 for an id it does not hold."""
-        found = pc.index_in(chunk_ids, value_set=self.chunk_ids)
-        return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        """Each id's position in the index, -1 for an id it does not hold: a binary search of the
+        index's ids, sorted once, so the lookup's work grows with the ids asked about (a caller's
+        rows, a filter's matches), not with every row the index holds."""
+        sorted_ids, order = self._sorted_ids
+        asked = _fixed_width(chunk_ids, sorted_ids.dtype.itemsize)
+        if not len(sorted_ids) or not len(asked):
+            return np.full(len(asked), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(sorted_ids, asked), len(sorted_ids) - 1)
+        found = (sorted_ids[at] == asked) & _fits(chunk_ids, sorted_ids.dtype.itemsize)
+        return np.where(found, order[at], -1).astype(np.int64)
+
+    @cached_property
+    def _sorted_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """The index's ids as fixed-width bytes, sorted, and the position each came from."""
+        width = max(1, int(pc.max(pc.binary_length(self.chunk_ids)).as_py() or 1)) if self.rows else 1
+        ids = _fixed_width(self.chunk_ids, width)
+        order = np.argsort(ids, kind="stable")
+        return ids[order], order.astype(np.int64)
 
     def bitmap(self, positions: np.ndarray) -> np.ndarray:
         """faiss's bitmap of ``positions`` (bit i of byte i // 8, least significant first); rows
@@ -139,6 +155,17 @@ class ResidentIndex:
     def stored_rows(self) -> pa.Table:
         """What an artifact keeps beside the graph: each row's content and whether it can be ranked."""
         return self.content.append_column("usable", pa.array(self.usable))
+
+
+def _fixed_width(chunk_ids: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
+    """Ids as numpy bytes of ``width`` (longer ones cut: ``_fits`` tells them apart)."""
+    return np.asarray(pc.cast(chunk_ids, pa.binary()).to_numpy(zero_copy_only=False), dtype=f"S{width}")
+
+
+def _fits(chunk_ids: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
+    """Which ids are no longer than ``width`` bytes (a longer one is none of an index's)."""
+    lengths = pc.fill_null(pc.binary_length(chunk_ids), width + 1)
+    return np.asarray(pc.less_equal(lengths, width).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def ef_search(k: int, share: float) -> int:

@@ -34,10 +34,9 @@ from .collapse import NO_COLLAPSE, Collapse
 from .fusion import reciprocal_rank_fusion
 from .hits import CURRENT_COLUMNS, RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
-from .narrowing import Narrowing, narrowed
-from .resident import ResidentIndex
+from .narrowing import Narrow, Narrowing, narrowed
 from .serving import ServingIndex
-from .visible_fields import FIELD_COLUMNS, VisibleFields
+from .visible_fields import FIELD_COLUMNS, VisibleFields, VisibleIds
 from .visible_rows import Held, VisibleRowCache, VisibleRows
 
 log = logging.getLogger(__name__)
@@ -240,6 +239,7 @@ class Searcher:
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._flat_read: OrderedDict[str, int] = OrderedDict()  # by filter: the newest version its rows were read at
         self._flat_lock = threading.Lock()
+        self._unheld_fields: OrderedDict[tuple[str, str, int], bool] = OrderedDict()  # fields too many to hold
         self.retags = 0  # held sets carried to a new version by re-reading ids and tags only (for monitoring)
         self._indexed: tuple[int, bool] = (-1, False)
         # Concurrent searches' queries are embedded together, by one thread: a batch costs little more
@@ -392,6 +392,7 @@ class Searcher:
         where = self.prefilter(view, registries)
         version = self.store.chunks_version
         for _ in range(3):
+            check_deadline()
             ids = self._visible_ids(where, version)
             if ids is not None:
                 if not pc.any(pc.equal(ids.chunk_ids, chunk_id)).as_py():
@@ -459,11 +460,16 @@ class Searcher:
     def _count(self, where: str, version: int) -> int:
         """Rows ``where`` admits (all rows for ""), cached per table version."""
         key = (where, version)
-        if key not in self._counts:
-            self._counts[key] = self.store.count(where or None)
+        with self._flat_lock:
+            held = self._counts.get(key)
+        if held is not None:
+            return held
+        counted = self.store.count(where or None)
+        with self._flat_lock:
+            self._counts[key] = counted
             while len(self._counts) > 4096:
                 self._counts.popitem(last=False)
-        return self._counts[key]
+        return counted
 
     # -- narrowing filters: evaluated over the caller's visible rows ---------------------------
 
@@ -481,14 +487,23 @@ class Searcher:
         """The filterable fields of the rows ``where`` admits at ``version`` (read through it, so
         no other row's fields are read), held per (filter, version); None if that version is gone,
         or if they are too many to hold (``_narrow`` then asks Lance)."""
-        if not self.visible.holds(self._count(where, version) * FIELD_ROW_BYTES):
+        key = ("fields", where, version)
+        with self._flat_lock:
+            too_many = key in self._unheld_fields
+        if too_many or not self.visible.holds(self._count(where, version) * FIELD_ROW_BYTES):
             return None
 
         def read() -> VisibleFields | None:
             table = self.store.read_at(version, where, FIELD_COLUMNS)
             return None if table is None else VisibleFields.from_arrow(table)
 
-        return self.visible.get(("fields", where, version), read)
+        fields = self.visible.get(key, read)
+        if fields is not None and not self.visible.holds(fields.nbytes):  # larger than guessed: Lance from now on
+            with self._flat_lock:
+                self._unheld_fields[key] = True
+                while len(self._unheld_fields) > FLAT_FILTERS_KEPT:
+                    self._unheld_fields.popitem(last=False)
+        return fields
 
     def _narrow(self, narrowing: Narrowing | None, where: str, version: int, reader: Reader | None) -> Narrow | None:
         """``narrowing``'s matches among the rows ``where`` admits at ``version``; None without a
@@ -544,7 +559,8 @@ class Searcher:
         check_deadline()
         plan = "flat" if exact else self.plan(where, version)
         if narrowing is not None and narrow is None:  # that version is gone: Lance, both filters
-            return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, None), False
+            visible = self._count(where, version)  # never counted under the filter: no cache keyed by it
+            return self._through_lance(vector, narrowed(where, narrowing), plan, limit, version, visible), False
         held = plan == "resident" or self._scans_held(plan, vector, where, version)
         if narrow is not None and vector is not None and not held and narrow.count <= IN_LIST_MAX_IDS:
             few = self._few_matching(vector, where, narrow, limit, version)
@@ -618,24 +634,11 @@ class Searcher:
         key = ("resident", where, version, index.version)
         view = self.visible.get(key, lambda: self.serving.view(index, where, version))
         if view is not None and narrow is not None:
-            view = view.narrowed(narrow.matching, self._index_positions(key, index, narrow))
+            view = view.narrowed(narrow.matching, index.positions(narrow.matching))
         if view is None:
             return None
         ranked = view.nearest(np.asarray(vector, dtype=np.float32) / norm, limit)
         return [{**row, "_distance": 1.0 - score} for row, score in ranked]
-
-    def _index_positions(self, key: tuple[Any, ...], index: ResidentIndex, narrow: Narrow) -> np.ndarray:
-        """Where a filter's matches lie in the serving index: through the fields' positions in it
-        (held with the view, so no lookup per search) when the matches came from held fields, else
-        by looking each index row up among the matches."""
-        if narrow.fields is None or narrow.mask is None:
-            found = pc.is_in(index.chunk_ids, value_set=narrow.matching)
-            return np.flatnonzero(np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool))
-        fields, mask = narrow.fields, narrow.mask
-        positions = self.visible.get((*key, "fields"), lambda: FieldPositions.of(index, fields))
-        if positions is None or positions.fields is not fields:  # fields read anew (not held): not aligned
-            positions = FieldPositions.of(index, fields)
-        return positions.of_mask(mask)
 
     def _read_visible(self, where: str, version: int) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``, read at that version even when the table has
@@ -785,52 +788,3 @@ class Searcher:
                 log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
                 withheld += 1
         return admitted, withheld
-
-
-@dataclass(frozen=True, kw_only=True)
-class Narrow:
-    """A narrowing filter's matches among the rows one caller may read at one version, whose they
-    are (the reader's key; None: no one's, so nothing made of them is held), and, when it was
-    evaluated in memory, the fields it was evaluated over and which of them it matched."""
-
-    narrowing: Narrowing
-    matching: pa.Array
-    owner: tuple[str, ...] | None
-    fields: VisibleFields | None = None
-    mask: np.ndarray | None = None
-
-    @property
-    def count(self) -> int:
-        return len(self.matching)
-
-
-@dataclass(frozen=True, kw_only=True)
-class VisibleIds:
-    """The ids of the rows one compiled filter admits at one version (what ``get`` looks in)."""
-
-    chunk_ids: pa.Array
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.chunk_ids.nbytes)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FieldPositions:
-    """Where each row of one ``VisibleFields`` lies in a serving index (-1: not held by it), so a
-    filter's mask becomes index positions without a lookup per search."""
-
-    fields: VisibleFields
-    positions: np.ndarray
-
-    @classmethod
-    def of(cls, index: ResidentIndex, fields: VisibleFields) -> FieldPositions:
-        return cls(fields=fields, positions=index.positions(fields.chunk_ids))
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.positions.nbytes)
-
-    def of_mask(self, mask: np.ndarray) -> np.ndarray:
-        found = self.positions[mask]
-        return found[found >= 0]

@@ -23,9 +23,21 @@ import pyarrow.compute as pc
 
 FIELD_COLUMNS = ["chunk_id", "doc_id", "source_uri", "kind", "created_at", "metadata"]
 """What a filter can name, besides the id that names the row."""
-TEXT_FIELDS = ("doc_id", "source_uri", "kind")
+TEXT_COLUMNS = ("doc_id", "source_uri", "kind")
+"""The text columns a filter can name."""
 FIELD_OVERHEAD_BYTES = 96  # a metadata key's dict entry and arrays' headers
 NOT_BOOLEAN = -1
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisibleIds:
+    """The ids of the rows one compiled filter admits at one version (what ``get`` looks in)."""
+
+    chunk_ids: pa.Array
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.chunk_ids.nbytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +60,7 @@ class VisibleFields:
     """The filterable fields of one set of rows, in the order read."""
 
     chunk_ids: pa.Array
-    texts: dict[str, pa.Array]  # TEXT_FIELDS
+    texts: dict[str, pa.Array]  # TEXT_COLUMNS
     times: tuple[np.ndarray, np.ndarray]  # created_at in microseconds since the epoch (int64), and present
     metadata: dict[str, MetadataField]
 
@@ -72,7 +84,7 @@ class VisibleFields:
         micros = np.asarray(pc.fill_null(pc.cast(times, pa.int64()), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
         return cls(
             chunk_ids=combined.column("chunk_id").combine_chunks(),
-            texts={name: pc.cast(combined.column(name), pa.string()).combine_chunks() for name in TEXT_FIELDS},
+            texts={name: pc.cast(combined.column(name), pa.string()).combine_chunks() for name in TEXT_COLUMNS},
             times=(micros, present),
             metadata=_parsed(combined.column("metadata").to_pylist()),
         )
@@ -94,7 +106,8 @@ def _parsed(documents: list[str | None]) -> dict[str, MetadataField]:
 
 def _object(document: str | None) -> dict[str, Any]:
     """A metadata document's top-level object; empty for none, for anything else, and for text that
-    is not strict JSON (NaN and Infinity included, as the warehouse's JSON reader refuses them)."""
+    is not JSON. (The warehouse gives metadata back as JSON it wrote itself, a non-finite number
+    already turned to null; the second parser is for integers past 64 bits, which orjson refuses.)"""
     if not document:
         return {}
     try:
@@ -119,7 +132,7 @@ def _field(positions: list[int], values: list[Any]) -> MetadataField:
         if isinstance(value, bool):
             booleans[index] = int(value)
         elif isinstance(value, (int, float)):
-            numbers[index] = _number(value)
+            numbers[index] = as_float(value)
         elif isinstance(value, str):
             texts[index] = value
     return MetadataField(positions=np.asarray(positions, dtype=np.int64), numbers=numbers,
@@ -143,7 +156,9 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _number(value: int | float) -> float:
+def as_float(value: int | float) -> float:
+    """A JSON number as a 64-bit float, as the warehouse's SQL compares it (an integer past the
+    float range is infinite, of its sign)."""
     try:
         return float(value)
     except OverflowError:

@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -25,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..deadline import check_deadline, remaining_seconds
 from ..stages import work
 
 ROW_OVERHEAD_BYTES = 64
@@ -203,10 +205,13 @@ class VisibleRowCache:
                 pending = self._loading[key] = Future()
         assert pending is not None
         if not leader:
-            try:
-                return cast("HeldT | None", pending.result())
-            except BaseException:  # the other load's failure is not this search's: try itself
-                return self.get(key, load)
+            while True:
+                try:
+                    return cast("HeldT | None", pending.result(timeout=remaining_seconds()))
+                except FutureTimeout:  # this search's deadline came while another's load went on
+                    check_deadline()
+                except BaseException:  # the other load's failure is not this search's: try itself
+                    return self.get(key, load)
         try:
             self.loads += 1
             value = load()

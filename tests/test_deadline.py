@@ -48,7 +48,9 @@ def test_a_search_past_its_deadline_is_stopped_before_it_reads_anything(small_wa
     assert work_done() == before, "it stopped before any row was read or decided"
 
 
-def test_at_each_check_a_request_gives_way_and_waits_longer_while_a_cheaper_callers_request_works(monkeypatch):
+def test_at_each_check_a_request_gives_way_and_waits_longer_while_a_cheaper_callers_request_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     slept: list[float] = []
     monkeypatch.setattr("ragwarden.deadline.time.sleep", slept.append)  # records each turn instead of taking it
     cheaper_at_work = [False]

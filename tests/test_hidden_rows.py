@@ -2,8 +2,8 @@
 read. Rows an intern cannot read, written to match his every query and filter, change neither the
 bytes of any answer he gets nor any count of the work done for it (rows read, filtered, matched,
 scored, analysed, post-checked), on every surface: the Python face (each plan), HTTP, MCP, and the
-LangChain and LlamaIndex retrievers; for search in every mode and filter operator, collapsed or
-not, for get and for explain. The same rows made readable to him do change the counts: the
+LangChain and LlamaIndex retrievers, and on the serving index's plan; for search in every mode and
+filter operator, collapsed or not, for get and for explain. The same rows made readable to him do change the counts: the
 counters see the rows a search works over.
 """
 
@@ -27,9 +27,12 @@ from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
 from ragwarden.embedder import Embedder
 from ragwarden.errors import NotFoundError
+from ragwarden.governance.caller import Caller
 from ragwarden.integrations.langchain import WardenRetriever as LangChainRetriever
 from ragwarden.integrations.llamaindex import WardenRetriever as LlamaIndexRetriever
-from ragwarden.stages import work_done
+from ragwarden.retrieval.narrowing import narrowing
+from ragwarden.retrieval.search import Searcher
+from ragwarden.stages import counting, work_done
 from ragwarden.warehouse import Warehouse
 
 HIDDEN = 10
@@ -248,3 +251,31 @@ def test_what_a_colleague_filtered_on_changes_nothing_a_caller_sees_or_costs(
     alone = intern_after(None)
     assert intern_after(asked) == intern_after({"dept": "sales"}), "the colleague's filter leaves no trace"
     assert [answer for answer, _ in intern_after(asked)] == [answer for answer, _ in alone]
+
+
+def test_rows_a_caller_cannot_read_change_no_answer_and_no_counted_work_on_the_serving_index_plan(
+    worlds: dict[str, Path], embedder: Embedder
+):
+    """The plan of a caller who may read many rows of a large table: the serving index (built here
+    over each small table), the caller's rows a bitmap over it, a filter's matches mapped into it.
+    The walk of its graph is not counted (SECURITY.md, guarantee 34, says what that leaves); what
+    is read, filtered and scored besides is, and stays the same."""
+
+    def observed(name: str) -> Observed:
+        warehouse = _opened(worlds[name], embedder)
+        searcher = Searcher(warehouse.store, embedder, flat_max_rows=-1, resident_index_bytes=2**28, resident_min_rows=0)
+        searcher.serving.build_now()
+        vector = embedder.encode([QUERIES[0]])[0]
+        seen: Observed = {}
+        for narrow in FILTERS:
+            with counting() as work:
+                found = searcher.search(QUERIES[0], policy=warehouse.policy, caller=Caller(subject=READER, tenant=TENANT),
+                                        k=5, vector=vector, narrowing=narrowing(narrow))  # fmt: skip
+            assert searcher.plan(searcher.prefilter(searcher.view(warehouse.policy, Caller(subject=READER, tenant=TENANT))),
+                                 found.table_version) == "resident"  # fmt: skip
+            seen[f"{narrow}"] = (json.dumps([hit.as_dict() for hit in found.hits]), dict(work))
+        return seen
+
+    base = observed("base")
+    assert not _differences(base, observed("hidden"))
+    assert any(work.get("filter_rows") for _, work in base.values())

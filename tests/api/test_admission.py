@@ -21,6 +21,8 @@ import pytest
 
 from ragwarden.api.admission import FairSlots, _Refused
 from ragwarden.api.balance import WorkerLoads, create_loads_file
+from ragwarden.api.callers import UNVERIFIED
+from ragwarden.credentials import api_keys_at
 from ragwarden.warehouse import Warehouse
 
 HOLD_SECONDS = 1.0
@@ -36,7 +38,8 @@ def _with_a_slow_route(app: Any) -> None:
 
 
 def test_past_the_line_a_request_is_refused_at_once_with_retry_after_and_probes_still_answer(
-    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], 
+    caplog: pytest.LogCaptureFixture,
 ):
     url = serve(small_warehouse, max_in_flight=1, max_queued=1, configure=_with_a_slow_route)
     caplog.set_level(logging.INFO, logger="ragwarden.access")
@@ -69,7 +72,8 @@ def test_past_the_line_a_request_is_refused_at_once_with_retry_after_and_probes_
 
 
 def test_a_search_tells_the_operator_where_its_time_and_work_went_and_the_caller_nothing(
-    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], 
+    caplog: pytest.LogCaptureFixture,
 ):
     caplog.set_level(logging.INFO, logger="ragwarden.access")
     url = serve(small_warehouse)
@@ -191,7 +195,7 @@ def test_a_request_whose_client_hung_up_in_line_is_not_run_and_is_logged_as_499(
 # -- fair shares -----------------------------------------------------------------------------------
 
 
-def test_a_caller_holds_at_most_its_share_and_the_line_is_served_caller_by_caller(monkeypatch):
+def test_a_caller_holds_its_share_first_and_more_only_while_no_one_else_waits(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr("ragwarden.api.admission.ACTIVE_SECONDS", 0.2)
     work = 0.01  # both callers' requests cost the same: half the places each
 
@@ -203,19 +207,22 @@ def test_a_caller_holds_at_most_its_share_and_the_line_is_served_caller_by_calle
         assert b is not None and all(f is not None for f in more_of_a) and slots.share("a") == 2
         slots.release("a", work)  # a free place: b's, though a asked first (a holds 3, past its share of 2)
         assert b.done() and not any(f.done() for f in more_of_a)
-        slots.release("a", work)  # a holds 2, its share while b is active: the place stays free for b
-        assert slots.busy == 3 and not any(f.done() for f in more_of_a)
-        slots.release("b", work)
+        slots.release("a", work)  # past its share, but no one else waits and b is at work: lent to a
+        assert more_of_a[0].done() and slots.busy == 4
+        slots.release("b", work)  # b is active with nothing at work: a place is kept free for it
+        assert slots.busy == 3 and not more_of_a[1].done()
         await asyncio.sleep(0.25)  # b has been quiet past ACTIVE_SECONDS: a's share is every place again
         slots.release("a", work)
-        assert sum(f.done() for f in more_of_a) == 3 and slots.busy == 4
+        assert all(f.done() for f in more_of_a) and slots.busy == 4
 
     asyncio.run(scenario())
 
 
-def test_a_caller_whose_requests_cost_more_holds_fewer_places_beside_a_cheaper_one():
+def test_a_caller_whose_requests_cost_more_holds_fewer_places_beside_a_cheaper_one() -> None:
     """Shares are of time at work: a caller of 300 ms requests holds one place of eight beside a
-    caller of 6 ms ones, who may hold the other seven; alone again, it may hold all eight."""
+    caller of 6 ms ones, who may hold the other seven; no more is lent to it while the cheaper
+    caller is active (the time it would take is the other's), and it gives way while that one works.
+    Two callers alike lend each other what one of them leaves free."""
 
     async def scenario() -> None:
         slots = FairSlots(8, 32)
@@ -223,18 +230,24 @@ def test_a_caller_whose_requests_cost_more_holds_fewer_places_beside_a_cheaper_o
         slots.release("heavy", 0.3)
         slots.release("light", 0.006)
         assert (slots.share("heavy"), slots.share("light")) == (1, 7)
-        assert slots.admit("heavy") is None and slots.admit("heavy") is not None, "one place at work, the next waits"
-        assert all(slots.admit("light") is None for _ in range(7)), "the cheap caller's seven"
-        assert slots.share("newcomer") >= slots.share("light"), "a caller not yet measured counts as the cheapest"
+        assert slots.share("newcomer") == slots.share("heavy"), "a caller not yet measured counts as the costliest"
+        asked = [slots.admit("heavy") for _ in range(3)]
+        assert asked[0] is None and all(f is not None for f in asked[1:]), "one place at work, the rest wait"
+        assert all(slots.admit("light") is None for _ in range(7)), "the cheaper caller's seven"
         assert slots.cheaper_at_work("heavy") and not slots.cheaper_at_work("light"), "the heavy one gives way"
-        for _ in range(7):
-            slots.release("light", 0.006)
-        assert not slots.cheaper_at_work("heavy"), "no cheaper request at work: nothing to give way to"
+
+        alike = FairSlots(8, 32)
+        assert alike.admit("a") is None and alike.admit("b") is None
+        alike.release("a", 0.01)
+        alike.release("b", 0.01)
+        lent = [alike.admit("a") for _ in range(8)]
+        assert lent[:7] == [None] * 7 and lent[7] is not None, "four of its own, three lent, one kept free for b"
+        assert alike.admit("b") is None and not alike.cheaper_at_work("a"), "b starts at once; no one gives way"
 
     asyncio.run(scenario())
 
 
-def test_a_full_line_takes_a_newcomer_in_place_of_a_caller_holding_more_than_its_share():
+def test_a_full_line_takes_a_newcomer_in_place_of_a_caller_holding_more_than_its_share() -> None:
     async def scenario() -> None:
         slots = FairSlots(1, 2)
         assert slots.admit("a") is None
@@ -279,7 +292,8 @@ def test_a_caller_sending_many_slow_requests_waits_behind_its_own_not_in_front_o
 
 
 def test_a_search_past_its_deadline_answers_503_and_the_access_line_says_so(
-    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], 
+    caplog: pytest.LogCaptureFixture,
 ):
     caplog.set_level(logging.INFO, logger="ragwarden.access")
     url = serve(small_warehouse, search_deadline_seconds=1e-6)
@@ -292,7 +306,8 @@ def test_a_search_past_its_deadline_answers_503_and_the_access_line_says_so(
 
 
 def test_a_search_whose_client_leaves_while_it_works_stops_and_is_logged_as_499(
-    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], caplog, monkeypatch
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], 
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ):
     """The search is held at its query's embedding (the real encoder, after a pause the test
     controls) while its client hangs up; released, it stops at its next check, before ranking."""
@@ -317,3 +332,45 @@ def test_a_search_whose_client_leaves_while_it_works_stops_and_is_logged_as_499(
     (line,) = lines
     assert line["status"] == 499 and "rows_checked" not in line.get("work", {}), line
     assert len(small_warehouse.audit.query(subject="user:alice", limit=100)) == receipts, "no answer, no retrieval"
+
+
+# -- who a request is admitted as --------------------------------------------------------------------
+
+
+def test_credentials_no_route_verified_are_admitted_as_one_caller_and_a_verified_key_as_its_identity(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+):
+    """Random strings cannot make an attacker many callers; an API key, once a route verified it,
+    is its identity, the same caller as that user's tokens."""
+    apps: list[Any] = []
+    url = serve(small_warehouse, configure=apps.append)
+    names = apps[0].state.caller_names
+
+    def scope(header: str) -> dict[str, Any]:
+        return {"type": "http", "headers": [(b"authorization", header.encode())]}
+
+    forged = {names(scope(f"Bearer rwk_{n}forged")) for n in range(5)} | {names(scope("Bearer not-a-token"))}
+    assert forged == {UNVERIFIED}
+    key = api_keys_at(small_warehouse.uri).create(subject="user:alice", tenant="acme")
+    assert names(scope(f"Bearer {key}")) == UNVERIFIED, "not yet verified by a route"
+    assert httpx.post(f"{url}/v1/search", json={"query": "menu"}, headers={"Authorization": f"Bearer {key}"},
+                      timeout=30).status_code == 200  # fmt: skip
+    assert names(scope(f"Bearer {key}")) == names(scope(bearer("alice")["Authorization"])) != UNVERIFIED
+
+
+def test_a_request_with_two_credentials_is_refused_before_anything_runs(
+    small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]]
+):
+    url = serve(small_warehouse)
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"query": "menu"}).encode()
+    head = (f"POST /v1/search HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\nAuthorization: {bearer('alice')['Authorization']}\r\n"
+            f"Authorization: Bearer rwk_someone-else\r\n\r\n")  # fmt: skip
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(head.encode() + body)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert b" 422 " in status and b"send one Authorization header, not 2" in rest and b"invalid_request" in rest

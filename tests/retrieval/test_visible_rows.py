@@ -82,7 +82,7 @@ def test_the_cache_keeps_its_budget_evicting_the_least_recently_used():
     assert cache.get(("b", 1), lambda: None) is None  # 'b' was the one evicted
 
 
-def test_the_cache_holds_a_bounded_number_of_sets_however_small(monkeypatch):
+def test_the_cache_holds_a_bounded_number_of_sets_however_small(monkeypatch: pytest.MonkeyPatch) -> None:
     """A caller sending a new filter at each search makes a small set each time: the count of sets
     held is bounded too, not only their bytes."""
     monkeypatch.setattr("ragwarden.retrieval.visible_rows.SETS_KEPT", 3)
