@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 
 from .deadline import bounded
 from .errors import NotFoundError, PermissionDeniedError, PolicyError
-from .governance.audit import AuditLog, Receipt
+from .governance.audit import Receipt
 from .governance.caller import Caller
 from .governance.operations import Operation
 from .governance.policy import Policy
 from .governance.visibility import deactivated_reason
 from .retrieval.search import LruCache
 from .stages import counting, stage
-from .state import operation_named
+from .state import AuditLog, operation_named
 
 T = TypeVar("T")
 OPERATOR = "local:operator"  # the subject receipts name for operations run in-process (no caller)

@@ -30,21 +30,22 @@ from .errors import (
     WarehouseError,
 )
 from .gate import ANY_TENANT, OPERATOR, Need, Permission, PermissionGate
-from .governance.audit import AuditLog, ChainReport, StoredReceipt, fingerprint
+from .governance.audit import ChainReport, StoredReceipt, fingerprint
 from .governance.caller import Caller
 from .governance.compiler import SubjectView
 from .governance.explain import Explanation, explain_row, not_visible
-from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary, LineageEmitter
+from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary
 from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
-from .governance.policy_in_force import PolicyInForce
-from .governance.provisioned import ProvisionedPolicy
 from .governance.tags import Classification
 from .governance.trends import Trends, trends
 from .governance.trends import since as trend_start
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
+from .lineage_emitter import LineageEmitter
+from .lineage_transport import WarehouseFilesTransport
+from .policy_in_force import PolicyInForce, ProvisionedPolicy
 from .retrieval.collapse import Collapse
 from .retrieval.hits import RESULT_COLUMNS, Hit
 from .retrieval.narrowing import Narrowing, narrowing
@@ -52,7 +53,7 @@ from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, Readers, Vocabulary, access_review, inventory, readers, vocabulary
 from .retrieval.search import Searcher, SearchResult, require_reader
 from .retrieval.serving import ServingStatus, store_artifact
-from .state import DirectoryRow, DirectoryTable, Store
+from .state import LINEAGE_EVENTS, AuditLog, DirectoryRow, DirectoryTable, Store
 
 PathLike = str | Path
 T = TypeVar("T")
@@ -75,7 +76,7 @@ class Warehouse:
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options)
         self._check_embedding_model()
         self.audit = AuditLog(self.store.audit_table, key=settings.audit_key)
-        self.openlineage = LineageEmitter(settings.warehouse, self._lineage_dir(), settings.openlineage_env)
+        self.openlineage = self._lineage_emitter()
         if settings.policy:
             self._policy = PolicyInForce.from_file(settings.policy)
             self._policy.current()  # a bad file is refused at once, naming its line
@@ -125,15 +126,23 @@ class Warehouse:
     def uri(self) -> str:
         return self.settings.warehouse
 
-    def _lineage_dir(self) -> Path:
-        """The lineage spool's folder: the setting, else ``_lineage`` in a local warehouse, else (a
-        spool needs a file lock, which an object store has not) a per-user folder for this warehouse."""
+    def _lineage_emitter(self) -> LineageEmitter:
+        """Where lineage events wait and, with no backend configured, go: the folder the setting
+        names; else a local warehouse's ``_lineage``; else the warehouse itself (its
+        ``lineage_spool`` table and ``_lineage/events`` objects), so no host holds an event its
+        crash could lose. A store that keeps no files beside its tables (neither a folder nor S3)
+        writes those event files to a per-user folder of this host."""
+        env = self.settings.openlineage_env
         if self.settings.lineage_dir is not None:
-            return self.settings.lineage_dir
-        if self.store.local_path is None:
+            return LineageEmitter(self.uri, self.settings.lineage_dir, env)
+        if self.store.local_path is not None:
+            return LineageEmitter(self.uri, self.store.local_path / "_lineage", env)
+        files = self.store.files(LINEAGE_EVENTS)
+        if files is None:
             digest = hashlib.sha256(self.uri.encode("utf-8")).hexdigest()[:16]
-            return Path.home() / ".local" / "state" / "ragwarden" / "lineage" / digest
-        return self.store.local_path / "_lineage"
+            events = Path.home() / ".local" / "state" / "ragwarden" / "lineage" / digest
+            return LineageEmitter(self.uri, events, env, spool=self.store.lineage_spool())
+        return LineageEmitter(self.uri, None, env, spool=self.store.lineage_spool(), events=WarehouseFilesTransport(files))
 
     def _tracked(
         self, job: str, sources: Iterable[str], action: Callable[[], T], output: Callable[[T], ChunksOutput]

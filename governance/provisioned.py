@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,9 +26,6 @@ log = logging.getLogger(__name__)
 
 USER = "User"
 GROUP = "Group"
-COMBINED_KEPT = 4
-"""Combined policies kept, by (base version, provisioned digest): a few, for a policy being replaced."""
-
 
 class ProvisionedRow(Protocol):
     """What a directory row tells governance (``state.directory.DirectoryRow``)."""
@@ -89,63 +85,7 @@ class Provisioned:
                    digest=digest.hexdigest()[:32])  # fmt: skip
 
 
-class ProvisionedPolicy:
-    """``over(base)``: the policy ``base`` with the directory's memberships and deactivations, as
-    of the directory version ``version()`` gives (the request's freshness check)."""
-
-    def __init__(self, *, version: Callable[[], int], rows_at: Callable[[int], Iterable[ProvisionedRow]]) -> None:
-        self._version = version
-        self._rows_at = rows_at
-        self._lock = threading.Lock()
-        self._provisioned: tuple[int, Provisioned] | None = None
-        self._combined: dict[tuple[str, str], Policy] = {}
-
-    def provisioned(self) -> Provisioned:
-        """What the directory provisions at its version for this request."""
-        version = self._version()
-        with self._lock:
-            if self._provisioned is None or self._provisioned[0] != version:
-                self._provisioned = (version, Provisioned.from_rows(self._rows_at(version)))
-            return self._provisioned[1]
-
-    def check(self, base: Policy | None, tenant: str, rows: Iterable[ProvisionedRow]) -> None:
-        """Raise ``PolicyError`` if ``tenant``'s directory, were it ``rows``, would not combine
-        with ``base`` (what a write checks before it commits, so no write can make every later
-        request fail)."""
-        if base is None:
-            return
-        others = [row for row in self._rows_at(self._version()) if row.tenant != tenant]
-        candidate = Provisioned.from_rows([*others, *rows])
-        candidate.over(base)
-
-    def require_combining(self, base: Policy) -> None:
-        """Raise ``PolicyError`` if ``base`` cannot combine with every tenant's provisioned
-        memberships (what an install checks: it would refuse a tenant)."""
-        provisioned = self.provisioned()
-        provisioned.over(base)
-
-    def over(self, base: Policy | None) -> Policy | None:
-        """``base`` with what was provisioned; ``base`` itself when nothing was (or there is no
-        policy: provisioned memberships grant nothing a policy does not). A tenant whose
-        memberships cannot combine with ``base`` (a chain too deep: writes and installs check for
-        it, but the two can race) is refused, in that tenant alone (``Policy.refused_tenants``)."""
-        if base is None:
-            return None
-        provisioned = self.provisioned()
-        if provisioned.empty:
-            return base
-        key = (base.version, provisioned.digest)
-        with self._lock:  # built once: requests arriving meanwhile wait for it rather than build it too
-            combined = self._combined.get(key)
-            if combined is None:
-                combined = _combined(base, provisioned)
-                if len(self._combined) >= COMBINED_KEPT:
-                    self._combined.pop(next(iter(self._combined)))
-                self._combined[key] = combined
-            return combined
-
-
-def _combined(base: Policy, provisioned: Provisioned) -> Policy:
+def combined(base: Policy, provisioned: Provisioned) -> Policy:
     """``base`` with ``provisioned``; if they cannot combine, with the memberships of the tenants
     that can, the others refused (never decided without their provisioned state)."""
     try:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timezone
+
+from ..errors import InvalidRequestError
 
 
 def sql_string(value: str) -> str:
@@ -38,3 +41,17 @@ def sql_documents(keys: Iterable[tuple[str, str]]) -> str:
     return " OR ".join(
         f"(tenant = {sql_string(tenant)} AND doc_id IN {sql_in_list(ids)})" for tenant, ids in sorted(by_tenant.items())
     )
+
+
+def sql_timestamp(moment: object, what: str) -> str:
+    """An SQL timestamp literal for a timezone-aware datetime (built here, never from caller text)."""
+    if not isinstance(moment, datetime):
+        raise InvalidRequestError(f"{what} must be a datetime, got {type(moment).__name__}")
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidRequestError(f"{what} {moment.isoformat()} has no timezone; pass an aware datetime")
+    try:
+        utc = moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidRequestError(f"{what} {moment.isoformat()} is out of range in UTC") from None
+    # the year zero-padded: strftime writes year 86 as "86", which the SQL parser refuses
+    return f"TIMESTAMP '{utc.year:04d}-{utc.strftime('%m-%dT%H:%M:%S.%f')}Z'"

@@ -22,7 +22,7 @@ from ..config import Settings
 from ..deadline import check_deadline
 from ..embedder import Embedder
 from ..errors import InvalidRequestError
-from ..governance.appender import GroupCommit
+from ..group_commit import GroupCommit
 from ..governance.caller import Caller
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy

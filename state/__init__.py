@@ -10,10 +10,12 @@ above (ingest, retrieval, the face) ask typed questions.
 from __future__ import annotations
 
 from .api_keys import ApiKeysTable
+from .audit_log import AuditLog
 from .audit_table import AuditTable
 from .directory import DirectoryRow, DirectorySnapshot, DirectoryTable
-from .files import WarehouseFiles
+from .files import LINEAGE_EVENTS, WarehouseFiles
 from .indexing import VECTOR_INDEX_MIN_ROWS, IndexReport, vector_index_partitions
+from .lineage_spool import FolderSpool, LineageSpool, TableSpool, sortable_now
 from .schema import TAG_COLUMNS, chunks_schema
 from .snapshot import ChunksSnapshot, ChunkWrite
 from .store import DocumentKey, InstalledPolicy, Registries, SourceState, Store
@@ -22,9 +24,11 @@ from .text_analysis import ANALYZER, terms_of_words
 
 __all__ = [
     "ANALYZER",
+    "LINEAGE_EVENTS",
     "TAG_COLUMNS",
     "VECTOR_INDEX_MIN_ROWS",
     "ApiKeysTable",
+    "AuditLog",
     "AuditTable",
     "ChunkWrite",
     "ChunksSnapshot",
@@ -32,14 +36,18 @@ __all__ = [
     "DirectorySnapshot",
     "DirectoryTable",
     "DocumentKey",
+    "FolderSpool",
     "IndexReport",
     "InstalledPolicy",
+    "LineageSpool",
     "Registries",
     "SourceState",
     "Store",
+    "TableSpool",
     "WarehouseFiles",
     "chunks_schema",
     "operation_named",
+    "sortable_now",
     "terms_of_words",
     "vector_index_partitions",
 ]

@@ -19,6 +19,9 @@ from .tables import local_path
 RESIDENT_INDEX = "resident_index"
 """The serving index's artifacts (``retrieval.serving``): ``chunks-<version>.faiss`` and ``.rows``."""
 
+LINEAGE_EVENTS = "_lineage/events"
+"""Lineage events written as files when no backend is configured (``lineage_transport``)."""
+
 PURGE_MARKS = "history"
 """Per table, the latest version at its last purge (``history.EmptiedMark``)."""
 

@@ -35,6 +35,7 @@ from .directory import DirectoryTable
 from .files import PURGE_MARKS, RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .freshness import SingleFlight, Versions
 from .history import EmptiedMark, drop_superseded_content, prune_records, versions_left
+from .lineage_spool import TableSpool
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
     IndexReport,
@@ -548,6 +549,10 @@ class Store:
         source)."""
         dataset = self._chunks.to_lance()
         return dataset.version, dataset.to_table(columns=list(columns))
+
+    def lineage_spool(self) -> TableSpool:
+        """The warehouse's own lineage spool (its ``lineage_spool`` table, made on first use)."""
+        return TableSpool(self._db, self.uri)
 
     def files(self, folder: str) -> WarehouseFiles | None:
         """Plain files of ``folder`` in the warehouse (None on a store with none: not a folder nor S3)."""

@@ -91,3 +91,18 @@ def test_the_wheel_ships_the_console_policies_facets_and_integrations(tmp_path):
     }  # fmt: skip
     assert shipped <= names, sorted(shipped - names)
     assert not [n for n in names if n.startswith(("ragwarden/tests/", "tests/"))], "tests must not ship"
+
+
+IO_MODULES = ("threading", "fcntl", "atexit", "socket", "lancedb", "lance")
+
+
+def test_the_rules_hold_no_io():
+    """``governance/`` is the rules (tags, the policy, receipts and their hash rule, what lineage
+    events say): no threads, locks on files, exit hooks, sockets or storage; the services that keep
+    their results (the audit log's writer, the lineage spool and delivery) live elsewhere."""
+    offenders = []
+    for path in sorted((REPO / "governance").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            offenders += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in IO_MODULES]
+    assert not offenders, offenders

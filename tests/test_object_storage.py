@@ -6,6 +6,7 @@ process on 127.0.0.1 (``support.moto_s3``); ragwarden runs against it unchanged.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pytest
 from support import warehouse_workers
 from support.lineage_receiver import closed_port
+from support.lineage_workers import flush_warehouse
 from support.moto_s3 import MotoS3
 from support.raw_tables import raw_table
 from support.s3_server import S3Server
@@ -158,8 +160,8 @@ def test_writers_in_separate_processes_commit_safely(s3: MotoS3, s3_warehouse: W
 def test_the_lineage_spool_of_an_object_store_warehouse_works_without_configuration(
     s3: MotoS3, tmp_path: Path, embedder: Embedder, receiver: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Events wait in a per-user folder for the warehouse (an object store has no file lock for a
-    spool) while the lineage backend is down, and reach it once when it is back."""
+    """Events wait in the warehouse's own spool (its ``lineage_spool`` table; no folder of the host
+    holds them) while the lineage backend is down, and reach it once when it is back."""
     monkeypatch.setenv("HOME", str(tmp_path))
     port = closed_port()
     lineage = {"OPENLINEAGE__TRANSPORT__TYPE": "http", "OPENLINEAGE__TRANSPORT__URL": f"http://127.0.0.1:{port}"}
@@ -169,8 +171,9 @@ def test_the_lineage_spool_of_an_object_store_warehouse_works_without_configurat
     assert warehouse.ingest_records([{"id": "n1", "text": "A note.", "tenant": "acme", "acl": {"allow": ["everyone"]},
                                         "classification": "public"}]).ok
 
-    spooled = sorted((tmp_path / ".local" / "state" / "ragwarden" / "lineage").glob("*/spool/*.json"))
-    assert [json.loads(p.read_text())["eventType"] for p in spooled] == ["START", "COMPLETE"]
+    spool = warehouse.openlineage.spool
+    assert [spool.read(name)["eventType"] for name in spool.pending()] == ["START", "COMPLETE"]
+    assert not (tmp_path / ".local" / "state" / "ragwarden").exists()
     backend = receiver(port)
     assert warehouse.openlineage.flush().sent == 2
     assert [e["eventType"] for e in backend.events] == ["START", "COMPLETE"]
@@ -210,3 +213,36 @@ def test_concurrent_commits_hold_only_on_a_store_with_conditional_puts(condition
     else:
         print(f"\nwithout conditional puts: {rows} of 45 rows kept, {len(failures)} writes failed")
         assert rows < 45, "no commit was lost: the race did not happen, so this shows nothing"
+
+
+@pytest.mark.slow  # spawns an interpreter that loads the model
+def test_lineage_waits_in_the_warehouse_so_a_replica_that_loses_its_disk_loses_no_event(
+    s3: MotoS3, tmp_path: Path, embedder: Embedder, receiver: Any, onnx_workers: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On object storage the lineage spool is the warehouse's own table: a replica that ran while
+    the lineage backend was down, and whose local disk is then wiped, loses none of its events;
+    another process delivers each of them once."""
+    port = closed_port()
+    env = {**aws_env(s3), "OPENLINEAGE_URL": f"http://127.0.0.1:{port}"}
+    uri = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    disk = tmp_path / "replica-disk"
+    monkeypatch.setenv("HOME", str(disk))  # everything this replica keeps on its own host
+    replica = Warehouse(Settings.from_env(env, warehouse=uri), embedder=embedder)
+    replica.install_policy(policy_file("demo.csv"))
+    record = {"id": "memo-1", "text": "The vendor renewal is due in May.", "tenant": "acme",
+              "acl": {"allow": ["group:staff"]}, "classification": "internal"}  # fmt: skip
+    assert replica.ingest_records([record]).ok
+    spooled = [replica.openlineage.spool.read(name) for name in replica.openlineage.spool.pending()]
+    assert {(event["job"]["name"], event["eventType"]) for event in spooled} == {
+        ("ragwarden.ingest", "START"), ("ragwarden.ingest", "COMPLETE")
+    }  # fmt: skip
+    assert not [path for path in disk.rglob("*") if "lineage" in str(path)], "nothing of lineage on the host"
+    shutil.rmtree(disk, ignore_errors=True)
+
+    backend = receiver(port)
+    (flushed,) = run_together(flush_warehouse, [(env, uri)], tmp_path, timeout=300)
+    assert not flushed["errors"], flushed
+    assert (flushed["sent"], flushed["failed"], flushed["pending"]) == (2, 0, 0)
+    assert backend.events == spooled, "every event the lost replica spooled, once, in order"
+    assert replica.openlineage.spool.pending() == []

@@ -1,8 +1,8 @@
 """OpenLineage for ragwarden's runs: the events of each ingest, derive, sync and forget, with
-ragwarden's own facets, delivered through a durable spool to where the environment says."""
+ragwarden's own facets. Pure: what an event says. Delivering them (the spool, the transports) is
+``lineage_emitter``'s, ``lineage_transport``'s and ``state.lineage_spool``'s."""
 
-from .emitter import FlushReport, LineageEmitter, RunScope
-from .events import MAX_LISTED_INPUTS, LineageRun, location_dataset, source_dataset
+from .events import MAX_LISTED_INPUTS, LineageRun, event_from_json, location_dataset, source_dataset
 from .facets import Chunking, ChunksOutput, Embedding, GovernanceSummary
 
 __all__ = [
@@ -10,11 +10,9 @@ __all__ = [
     "Chunking",
     "ChunksOutput",
     "Embedding",
-    "FlushReport",
     "GovernanceSummary",
-    "LineageEmitter",
     "LineageRun",
-    "RunScope",
+    "event_from_json",
     "location_dataset",
     "source_dataset",
 ]

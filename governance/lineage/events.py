@@ -230,3 +230,29 @@ def _input_field(dataset: DatasetId, field: str, description: str) -> column_lin
             )
         ],
     )
+
+
+def event_from_json(data: dict[str, Any]) -> event_v2.RunEvent:
+    """A RunEvent whose facets are the spooled dictionaries, for transports that want an event
+    object (the Kafka transport keys messages by job); it serializes back to ``data``."""
+    run, job = data["run"], data["job"]
+    event = event_v2.RunEvent(
+        eventTime=data["eventTime"],
+        producer=data["producer"],
+        eventType=event_v2.RunState(data["eventType"]) if "eventType" in data else None,
+        run=event_v2.Run(runId=run["runId"], facets=run.get("facets")),
+        job=event_v2.Job(namespace=job["namespace"], name=job["name"], facets=job.get("facets")),
+        inputs=_datasets(data, "inputs", event_v2.InputDataset, "inputFacets"),
+        outputs=_datasets(data, "outputs", event_v2.OutputDataset, "outputFacets"),
+    )
+    event.schemaURL = data["schemaURL"]
+    return event
+
+
+def _datasets(data: dict[str, Any], key: str, kind: type, extra: str) -> list[Any] | None:
+    if key not in data:
+        return None
+    return [
+        kind(namespace=d["namespace"], name=d["name"], facets=d.get("facets"), **{extra: d.get(extra)})
+        for d in data[key]
+    ]

@@ -11,8 +11,9 @@ from datetime import timedelta
 import lancedb
 import pytest
 
-from ragwarden.governance.appender import GroupCommit
-from ragwarden.governance.audit import AuditLog, Receipt
+from ragwarden.group_commit import GroupCommit
+from ragwarden.governance.audit import Receipt
+from ragwarden.state import AuditLog
 from ragwarden.state import AuditTable
 
 

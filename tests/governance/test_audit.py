@@ -24,18 +24,16 @@ import pyarrow as pa
 import pytest
 
 from ragwarden.errors import ConfigurationError, InvalidRequestError, WarehouseError
-from ragwarden.governance import audit as audit_module
 from ragwarden.governance.audit import (
     GENESIS_HASH,
-    AuditLog,
     Checkpoint,
     Receipt,
     StoredReceipt,
-    _hash_payload,
     fingerprint,
+    hash_payload,
 )
 from ragwarden.governance.merkle import EMPTY_ROOT
-from ragwarden.state import AuditTable, audit_table
+from ragwarden.state import AuditLog, AuditTable, audit_log, audit_table
 from ragwarden.state.schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SCHEMA
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -104,7 +102,7 @@ def rows_of(table: Any) -> list[dict[str, Any]]:
 
 def plain_hash(row: dict[str, Any]) -> str:
     """What anyone who read this module can compute: sha256 over the canonical payload."""
-    return hashlib.sha256(_hash_payload(row)).hexdigest()
+    return hashlib.sha256(hash_payload(row)).hexdigest()
 
 
 def rewrite(table: Any, rows: list[dict[str, Any]]) -> None:
@@ -651,7 +649,7 @@ def test_a_checkpoint_reads_only_recent_receipts_yet_binds_every_chain(
     first.append(receipt())
     first.checkpoint()
     latest = first.append(receipt())
-    monkeypatch.setattr(audit_module, "CHECKPOINT_SLACK", timedelta(0))
+    monkeypatch.setattr(audit_log, "CHECKPOINT_SLACK", timedelta(0))
     asked: list[str | None] = []
     heads_of = AuditTable.heads
     monkeypatch.setattr(AuditTable, "heads", lambda self, where=None: asked.append(where) or heads_of(self, where))

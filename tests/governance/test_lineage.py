@@ -36,14 +36,13 @@ from ragwarden.governance.lineage import (
     Chunking,
     ChunksOutput,
     Embedding,
-    FlushReport,
     GovernanceSummary,
-    LineageEmitter,
     location_dataset,
     source_dataset,
 )
-from ragwarden.governance.lineage.config import HTTP_BOUNDS
 from ragwarden.governance.tags import Classification, GovernanceTags
+from ragwarden.lineage_emitter import FlushReport, LineageEmitter
+from ragwarden.lineage_transport import HTTP_BOUNDS
 
 Event = dict[str, Any]
 DATA = Path(os.environ.get("RAGWARDEN_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")

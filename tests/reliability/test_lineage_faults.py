@@ -17,7 +17,7 @@ from support.spawned import run_together
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
-from ragwarden.governance.lineage import LineageEmitter
+from ragwarden.lineage_emitter import LineageEmitter
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 

@@ -13,7 +13,8 @@ import pytest
 from support.raw_tables import raw_table
 
 from ragwarden.errors import WarehouseError
-from ragwarden.governance.audit import AuditLog, Receipt
+from ragwarden.governance.audit import Receipt
+from ragwarden.state import AuditLog
 from ragwarden.state import audit_table, tables
 from ragwarden.state.schema import AUDIT_SCHEMA
 from ragwarden.warehouse import Warehouse
@@ -54,9 +55,9 @@ def test_optimize_prunes_the_old_versions_of_the_audit_log_and_keeps_every_recei
 
 
 def test_the_audit_schema_holds_exactly_what_the_chain_covers_and_the_hash():
-    from ragwarden.governance.audit import _CHAINED
+    from ragwarden.governance.audit import CHAINED
 
-    assert sorted({*_CHAINED, "hash"}) == sorted(AUDIT_SCHEMA.names)
+    assert sorted({*CHAINED, "hash"}) == sorted(AUDIT_SCHEMA.names)
 
 
 RECEIPT = Receipt(kind="decision", operation="audit", subject="user:a", tenant="acme", allowed=True, reason="r")

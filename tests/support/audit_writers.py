@@ -11,7 +11,8 @@ from typing import Any
 
 import lancedb
 
-from ragwarden.governance.audit import AuditLog, Receipt
+from ragwarden.governance.audit import Receipt
+from ragwarden.state import AuditLog
 from ragwarden.state.audit_journal import ReceiptJournal
 from ragwarden.state.audit_table import AuditTable
 

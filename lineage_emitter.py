@@ -9,13 +9,14 @@ table, with the real count in the ``ragwarden_sources`` facet. The output is the
 ``vector <- text <- source text``, and ragwarden's chunking, embedding and governance facets
 (schemas in ``governance/lineage/facet_schemas/``). FAIL carries the standard ``errorMessage`` facet.
 
-Delivery: an event is first written to ``<lineage_dir>/spool/`` and only then sent; its file is
-deleted once the transport has taken it, and kept (with a logged warning) otherwise. Each new
+Delivery: an event is first written to the spool (``state.lineage_spool``: the warehouse's
+``_lineage/spool`` folder, or its ``lineage_spool`` table on object storage) and only then sent; it
+is removed once the transport has taken it, and kept (with a logged warning) otherwise. Each new
 run starts by sending what is spooled, oldest first (the run's own START goes after them), so
 events left by a backend that was down go out on the next run, or on :meth:`LineageEmitter.flush`.
 A flush stops at the first failure, keeping the order, and a run whose START found the backend
 down spools its later events without trying again: a down backend costs a run one attempt
-(about a second with the bounded HTTP transport, :mod:`~ragwarden.governance.lineage.config`).
+(about a second with the bounded HTTP transport, :mod:`~ragwarden.lineage_transport`).
 Nothing here raises to the caller once the emitter is built; failures are logged.
 
 Delivery is once per event: runId and eventTime are fixed when the event is made and a re-send
@@ -46,15 +47,11 @@ from openlineage.client.serde import Serde
 from openlineage.client.transport import Transport
 from openlineage.client.uuid import generate_new_uuid
 
-from .config import lineage_disabled, make_client
-from .events import (
-    JOBS,
-    Job,
-    LineageRun,
-    run_event,
-)
-from .facets import ChunksOutput
-from .spool import Spool
+from .errors import WarehouseError
+from .governance.lineage import ChunksOutput, LineageRun
+from .governance.lineage.events import JOBS, Job, event_from_json, run_event
+from .lineage_transport import lineage_disabled, make_client
+from .state import FolderSpool, LineageSpool
 
 __all__ = ["FlushReport", "LineageEmitter", "RunScope"]
 
@@ -84,16 +81,25 @@ class LineageEmitter:
     """Emits and delivers the lineage of one warehouse's runs.
 
     ``warehouse_uri`` names the datasets (``<uri>/chunks``, ``<uri>/sources``); ``lineage_dir``
-    (the warehouse's ``_lineage`` folder) holds the spool and the default event files; ``env``
-    is the environment to configure OpenLineage from (pass ``os.environ``). A configuration
-    that cannot be used raises ``ConfigurationError`` here, at construction.
+    (the warehouse's ``_lineage`` folder) holds the spool and the default event files, unless
+    ``spool`` (where events wait) and ``events`` (the default transport: where events go when the
+    environment names no backend) are given; ``env`` is the environment to configure OpenLineage
+    from (pass ``os.environ``). A configuration that cannot be used raises ``ConfigurationError``
+    here, at construction.
     """
 
-    def __init__(self, warehouse_uri: str, lineage_dir: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, warehouse_uri: str, lineage_dir: Path | None, env: Mapping[str, str], *,
+        spool: LineageSpool | None = None, events: Transport | None = None,
+    ) -> None:  # fmt: skip
+        if spool is None or (events is None and lineage_dir is None):
+            if lineage_dir is None:
+                raise ValueError("a lineage emitter needs a lineage_dir, or both a spool and an events transport")
         self.warehouse_uri = warehouse_uri
         self.enabled = not lineage_disabled(env)
-        self.spool = Spool(lineage_dir / "spool")
-        self._client = make_client(env, lineage_dir / "events") if self.enabled else None
+        self.spool: LineageSpool = spool if spool is not None else FolderSpool(lineage_dir / "spool")  # type: ignore[operator]
+        default = events if events is not None else lineage_dir / "events"  # type: ignore[operator]
+        self._client = make_client(env, default) if self.enabled else None
         self._lock = threading.RLock()
         self._backend_down = False
 
@@ -140,18 +146,18 @@ class LineageEmitter:
             if not ours:  # another process is flushing this spool
                 return FlushReport(pending=len(self.spool.pending()))
             sent = rejected = failed = 0
-            for path in self.spool.pending():
+            for name in self.spool.pending():
                 try:
-                    event = self.spool.read(path)
+                    event = event_from_json(self.spool.read(name))
                 except Exception as exc:  # noqa: BLE001 - whatever is unreadable is set aside
-                    self.spool.reject(path, f"unreadable: {exc}")
+                    self.spool.reject(name, f"unreadable: {exc}")
                     rejected += 1
                     continue
                 try:
                     self._client.transport.emit(event)
                 except Exception as exc:  # noqa: BLE001 - any transport failure keeps the event
                     if _status(exc) in _REFUSED_FOR_CONTENT:
-                        self.spool.reject(path, f"refused by the lineage backend: {exc}")
+                        self.spool.reject(name, f"refused by the lineage backend: {exc}")
                         rejected += 1
                         continue
                     failed = 1
@@ -159,10 +165,10 @@ class LineageEmitter:
                         "lineage backend unavailable (%s); %d event(s) kept in %s for the next run",
                         exc,
                         len(self.spool.pending()),
-                        self.spool.folder,
+                        self.spool.where,
                     )
                     break
-                self.spool.remove(path)
+                self.spool.remove(name)
                 sent += 1
             self._backend_down = failed > 0
             return FlushReport(sent, failed, rejected, len(self.spool.pending()))
@@ -193,8 +199,8 @@ class LineageEmitter:
                     return
                 try:
                     self.spool.put(Serde.to_dict(event))
-                except OSError as exc:
-                    log.warning("cannot spool lineage events in %s (%s); sending unspooled", self.spool.folder, exc)
+                except (OSError, WarehouseError) as exc:
+                    log.warning("cannot spool lineage events in %s (%s); sending unspooled", self.spool.where, exc)
                     self._client.transport.emit(event)
                     return
                 if not self._backend_down:

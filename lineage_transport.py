@@ -1,5 +1,6 @@
 """Where lineage events go: the OpenLineage client's own configuration when the environment
-gives one, else one JSON file per event under the warehouse's ``_lineage/events/``.
+gives one, else one JSON file per event in the warehouse: under a local warehouse's
+``_lineage/events/``, or objects of an object-store warehouse's (``WarehouseFilesTransport``).
 
 The environment is the caller's mapping (``os.environ`` at the edges), read the way
 openlineage-python 1.54 reads its own: an ``openlineage.yml`` (``OPENLINEAGE_CONFIG``, else the
@@ -19,15 +20,19 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from openlineage.client import OpenLineageClient
+from openlineage.client.serde import Serde
+from openlineage.client.transport import Transport
 from openlineage.client.utils import deep_merge_dicts
 
-from ...errors import ConfigurationError
+from .errors import ConfigurationError
+from .state import WarehouseFiles, sortable_now
 
 log = logging.getLogger(__name__)
 
@@ -62,19 +67,38 @@ def environment_config(env: Mapping[str, str], *, cwd: Path | None = None) -> di
     return config
 
 
-def make_client(env: Mapping[str, str], events_dir: Path, *, cwd: Path | None = None) -> OpenLineageClient:
-    """A client sending where ``env`` says, else writing ``events_dir/openlineage-<time>.json`` files."""
+def make_client(env: Mapping[str, str], events: Path | Transport, *, cwd: Path | None = None) -> OpenLineageClient:
+    """A client sending where ``env`` says, else to ``events``: a folder of
+    ``openlineage-<time>.json`` files, or a transport of the caller's."""
     config = environment_config(env, cwd=cwd)
     transport = config.get("transport")
+    given: Transport | None = None
     if isinstance(transport, dict) and transport.get("type"):
         config["transport"] = bounded(transport)
+    elif isinstance(events, Transport):
+        config.pop("transport", None)
+        given = events
     else:
-        events_dir.mkdir(parents=True, exist_ok=True)
-        config["transport"] = {"type": "file", "log_file_path": str(events_dir / "openlineage"), "append": False}
+        events.mkdir(parents=True, exist_ok=True)
+        config["transport"] = {"type": "file", "log_file_path": str(events / "openlineage"), "append": False}
     try:
-        return OpenLineageClient(config=copy.deepcopy(config))
+        return OpenLineageClient(transport=given, config=copy.deepcopy(config))
     except Exception as exc:
         raise ConfigurationError(f"the OpenLineage configuration is not usable: {exc}") from exc
+
+
+class WarehouseFilesTransport(Transport):
+    """Each event as one JSON object in a folder of the warehouse (``state.WarehouseFiles``): where
+    an object-store warehouse's events go when no backend is configured, so that they stay with
+    the warehouse rather than on the host that emitted them."""
+
+    kind = "ragwarden_warehouse_files"
+
+    def __init__(self, files: WarehouseFiles) -> None:
+        self._files = files
+
+    def emit(self, event: Any) -> None:
+        self._files.put(f"openlineage-{sortable_now()}-{uuid.uuid4()}.json", Serde.to_json(event).encode("utf-8"))
 
 
 def bounded(transport: dict[str, Any]) -> dict[str, Any]:
