@@ -18,30 +18,23 @@ integrations all verify through ``authenticator_for``; the rows live in ``state.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jwt
 
 from .config import AuthSettings
-from .errors import AuthenticationError, InvalidRequestError, NotFoundError
+from .errors import AuthenticationError
 from .governance.caller import Identity
 from .governance.tags import actor_problem, group_named, group_problem, principal_problem, tenant_problem, user_named
-from .state.api_keys import ApiKeyRow, ApiKeysTable
-from .state.tables import connect
 
-if TYPE_CHECKING:
-    from .warehouse import Warehouse
 
-__all__ = ["PREFIX", "ApiKey", "ApiKeys", "Authenticator", "api_keys_at", "authenticator_for"]
+__all__ = ["PREFIX", "ApiKey", "Authenticator", "KeyVerifier"]
 
 PREFIX = "rwk_"
 ASYMMETRIC = ("RS256", "ES256")
@@ -62,85 +55,11 @@ class ApiKey:
     revoked: bool
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+class KeyVerifier(Protocol):
+    """What an ``Authenticator`` asks of the warehouse's API keys (``api_keys.ApiKeys``): the live
+    key's record, or ``AuthenticationError``."""
 
-
-class ApiKeys:
-    """Create, verify, list and revoke the API keys of one warehouse.
-
-    ``table`` is the warehouse's keys table, or a function that opens it: then it is opened at the
-    first use, so a service that never meets a key never creates the table."""
-
-    def __init__(self, table: ApiKeysTable | Callable[[], ApiKeysTable]) -> None:
-        self._table: ApiKeysTable | None = None
-        self._open: Callable[[], ApiKeysTable] | None = None
-        if isinstance(table, ApiKeysTable):
-            self._table = table
-        else:
-            self._open = table
-
-    @property
-    def table(self) -> ApiKeysTable:
-        """The keys' table, opened now if it was given as a function."""
-        if self._table is None:
-            assert self._open is not None
-            self._table = self._open()
-        return self._table
-
-    def create(self, *, subject: str, tenant: str) -> str:
-        """A new key for ``subject`` in ``tenant``; returns the full key, which is not stored."""
-        problem = principal_problem(subject) or tenant_problem(tenant)
-        if problem:
-            raise InvalidRequestError(problem)
-        if not subject.startswith(("service:", "user:")):
-            raise InvalidRequestError(f"an API key's subject must be service:NAME or user:NAME, not {subject!r}")
-        key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
-        row = ApiKeyRow(
-            key_id=key_id,
-            key_hash=_digest(secret),
-            subject=subject,
-            tenant=tenant,
-            created_at=datetime.now(UTC),
-            revoked=False,
-        )
-        self.table.insert(row)
-        return f"{PREFIX}{key_id}.{secret}"
-
-    def verify(self, key: str) -> ApiKey:
-        """The key's record, if ``key`` is a live key; ``AuthenticationError`` otherwise."""
-        key_id, _, secret = key.removeprefix(PREFIX).partition(".")
-        if not key.startswith(PREFIX) or len(key_id) != 16 or not secret or not key_id.isalnum():
-            raise AuthenticationError("malformed API key; expected rwk_<id>.<secret>")
-        row = self.table.get(key_id)
-        if row is None or not hmac.compare_digest(row.key_hash, _digest(secret)):
-            raise AuthenticationError("unknown API key")
-        if row.revoked:
-            raise AuthenticationError("API key has been revoked")
-        return _record(row)
-
-    def revoke(self, key_id: str) -> None:
-        """Revoke a key for good: it stops verifying at once, on every replica."""
-        if self.table.get(key_id) is None:
-            raise NotFoundError(f"API key {key_id!r} not found; `ragwarden apikey list` shows the keys")
-        self.table.set_revoked(key_id)
-
-    def list(self) -> list[ApiKey]:
-        """Every key, revoked ones too, oldest first."""
-        return [_record(row) for row in self.table.rows()]
-
-
-def api_keys_at(warehouse: str, storage_options: Mapping[str, str] | None = None) -> ApiKeys:
-    """The API keys of the warehouse at ``warehouse`` (a folder or an object-store URI), without
-    opening the warehouse itself (no embedding model is loaded): for the ``apikey`` commands, and
-    for a stdio server checking its token before it starts. The table is opened at the first use."""
-    return ApiKeys(lambda: ApiKeysTable(connect(warehouse, storage_options)))
-
-
-def _record(row: ApiKeyRow) -> ApiKey:
-    return ApiKey(
-        key_id=row.key_id, subject=row.subject, tenant=row.tenant, created_at=row.created_at, revoked=row.revoked
-    )
+    def verify(self, key: str) -> ApiKey: ...
 
 
 # -- credentials ----------------------------------------------------------------------------------
@@ -206,7 +125,7 @@ def _unverified_header(token: str) -> dict[str, Any]:
 class Authenticator:
     """Turns a bearer credential into an ``Identity``, or refuses with ``AuthenticationError``."""
 
-    def __init__(self, settings: AuthSettings, keys: ApiKeys) -> None:
+    def __init__(self, settings: AuthSettings, keys: KeyVerifier) -> None:
         self.settings = settings
         self.keys = keys
         self._jwks = _Jwks(settings.jwt_jwks) if settings.jwt_jwks else None
@@ -337,9 +256,3 @@ def _claimed_group(value: str, prefixes: Mapping[str, str]) -> str | None:
         return group_named(value)
     matched = max((prefix for prefix in prefixes if value.startswith(prefix)), key=len, default=None)
     return None if matched is None else prefixes[matched] + value[len(matched):]
-
-
-def authenticator_for(warehouse: Warehouse, auth: AuthSettings | None = None) -> Authenticator:
-    """The authenticator of a warehouse's services: ``auth`` (by default the warehouse's own auth
-    settings) and the API keys stored in the warehouse (their table opened at the first key)."""
-    return Authenticator(auth or warehouse.settings.auth, ApiKeys(lambda: warehouse.store.api_keys))

@@ -10,12 +10,15 @@ the CLI runs) needs no grant; its runs are recorded once per tenant they touched
 
 from __future__ import annotations
 
+import os
+import pwd
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
+from .caches import LruCache
 from .deadline import bounded
 from .errors import NotFoundError, PermissionDeniedError, PolicyError
 from .governance.audit import Receipt
@@ -23,12 +26,21 @@ from .governance.caller import Caller
 from .governance.operations import Operation
 from .governance.policy import Policy
 from .governance.visibility import deactivated_reason
-from .retrieval.search import LruCache
 from .stages import counting, stage
 from .state import AuditLog, operation_named
 
 T = TypeVar("T")
-OPERATOR = "local:operator"  # the subject receipts name for operations run in-process (no caller)
+def _process_user() -> str:
+    """The operating-system user this process runs as (its uid where it has no name)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+OPERATOR = f"operator:{_process_user()}"
+"""The subject receipts name for operations run in-process with no caller (the command line, the
+operator's scripts): the operating-system user that ran them."""
 ANY_TENANT = "*"  # the tenant receipts name for operator runs, which may span tenants
 
 
@@ -141,14 +153,17 @@ class PermissionGate:
         *,
         about: str | None = None,
         touched: Callable[[T], Mapping[str, Sequence[str]]] | None = None,
+        neutral: bool = False,
     ) -> T:
         """Decide; record a refusal and raise ``PermissionDeniedError``, or run ``action`` with the
         permission and record what ``describe`` says of its result. A ``NotFoundError`` or
         ``PermissionDeniedError`` from the action is recorded as a refusal too.
 
-        ``touched`` gives, for an operator's run, the documents it wrote in each tenant: the run is
-        then recorded once per tenant, naming only that tenant's documents, so each tenant's auditor
-        sees what was done to it and nothing of the others."""
+        ``touched`` gives, for an operator's run, the documents it wrote (or the tenants it read) in
+        each tenant: the run is then recorded once per tenant, naming only that tenant's documents,
+        so each tenant's auditor sees what was done to it and nothing of the others. A run over
+        several tenants is described generically unless ``neutral`` says its description holds
+        nothing of one tenant another may not see."""
         # A storage failure names this operation; a read sees one freshness check throughout and
         # stops at its deadline; the operation's work is counted (``stages``).
         reading = need is Need.READ
@@ -170,10 +185,10 @@ class PermissionGate:
                 self._record(permission, kind, {"allowed": False, "reason": str(exc)})
                 raise
             described = {"allowed": True, **describe(result)}
-            by_tenant = {t: ids for t, ids in (touched(result) if touched and caller is None else {}).items() if ids}
+            by_tenant = dict(touched(result) if touched and caller is None else {})
             if not by_tenant:
                 self._record(permission, kind, described)
-            if len(by_tenant) > 1:  # counts and details span tenants: each tenant's receipt names only its own
+            if len(by_tenant) > 1 and not neutral:  # counts and details span tenants: each tenant's receipt names only its own
                 described = {"allowed": True, "reason": f"{operation} run by the operator", "details": {}}
             for tenant, doc_ids in sorted(by_tenant.items()):
                 self._record(permission, kind, {**described, "doc_ids": tuple(doc_ids)}, tenant=tenant)

@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .config import INGEST_ENGINES, IngestEngineName, Settings
+from .api_keys import ApiKeys
+from .config import INGEST_ENGINES, AuthSettings, IngestEngineName, Settings
+from .credentials import Authenticator
 from .embedder import MODEL_NAME, Embedder
 from .errors import (
     ConfigurationError,
@@ -43,7 +45,7 @@ from .governance.trends import since as trend_start
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
 from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
 from .ingest.records import Outcome, Rejected, record_outcome
-from .lineage_emitter import LineageEmitter
+from .lineage_emitter import FlushReport, LineageEmitter
 from .lineage_transport import WarehouseFilesTransport
 from .policy_in_force import PolicyInForce, ProvisionedPolicy
 from .retrieval.collapse import Collapse
@@ -108,7 +110,22 @@ class Warehouse:
     def optimize(self) -> dict[str, Any]:
         """Build the tables' indexes, compact and tidy them (``Store.optimize``), then store the
         serving index's artifact for replicas to load when the table has a vector index and the
-        index fits ``resident_index_mb``. Returns what was done."""
+        index fits ``resident_index_mb``; as the operator, receipted in every tenant. Returns what
+        was done."""
+        return self._gate.run(
+            Operation.ADMIN, None, Need.GRANT, lambda _: self._optimize(),
+            lambda done: {"reason": "optimized the warehouse"},
+            touched=lambda _: self._every_tenant(),
+            neutral=True,
+        )  # fmt: skip
+
+    def _every_tenant(self) -> dict[str, tuple[str, ...]]:
+        """Every tenant the warehouse holds documents of or its policy names (for the receipts of
+        an operator's run over all of them)."""
+        policy = self.policy
+        return {t: () for t in {*self.store.tenants(), *(policy.tenants if policy else ())}}
+
+    def _optimize(self) -> dict[str, Any]:
         report = self.store.optimize()
         done: dict[str, Any] = {"rows": report.rows, "vector_index": report.vector_index, "serving_index": None}
         fits = resident_bytes(report.rows, self.store.dimension) <= self.settings.resident_index_mb * 2**20
@@ -125,6 +142,25 @@ class Warehouse:
     @property
     def uri(self) -> str:
         return self.settings.warehouse
+
+    @property
+    def table_version(self) -> int:
+        """The ``chunks`` table's version this request reads (what hits and ``/readyz`` name)."""
+        return self.store.chunks_version
+
+    @property
+    def api_keys(self) -> ApiKeys:
+        """This warehouse's API keys (their table opened at the first use)."""
+        return ApiKeys(lambda: self.store.api_keys)
+
+    def authenticator(self, auth: AuthSettings | None = None) -> Authenticator:
+        """What turns a credential into an identity for this warehouse's services: ``auth`` (by
+        default the warehouse's own settings) and its API keys."""
+        return Authenticator(auth or self.settings.auth, self.api_keys)
+
+    def flush_lineage(self) -> FlushReport:
+        """Send the lineage events that wait in the spool (what every run does first)."""
+        return self.openlineage.flush()
 
     def _lineage_emitter(self) -> LineageEmitter:
         """Where lineage events wait and, with no backend configured, go: the folder the setting
@@ -186,11 +222,22 @@ class Warehouse:
         return Policy.from_text(installed.text, source=f"{self.uri} (policy {installed.version})")
 
     def install_policy(self, path: PathLike) -> Policy:
-        """Validate a policy file and make it the warehouse's own (versioned; old ones are kept)."""
-        policy = Policy.from_file(path)
-        self._provisioned.require_combining(policy)  # refused if it cannot combine with what was provisioned
-        self.store.install_policy(policy)
-        return policy
+        """Validate a policy file and make it the warehouse's own (versioned; old ones are kept), as
+        the operator: receipted in every tenant the policy in force or the new one names."""
+        named = self._policy.current() if not self.settings.policy else None
+
+        def install(_: Permission) -> Policy:
+            policy = Policy.from_file(path)
+            self._provisioned.require_combining(policy)  # refused if it cannot combine with what was provisioned
+            self.store.install_policy(policy)
+            return policy
+
+        return self._gate.run(
+            Operation.ADMIN, None, Need.GRANT, install,
+            lambda policy: {"reason": f"installed policy {policy.version} from a file"},
+            touched=lambda policy: {t: () for t in policy.tenants | (named.tenants if named else frozenset())},
+            neutral=True,
+        )  # fmt: skip
 
     def install_policy_text(
         self,
@@ -753,16 +800,16 @@ class Warehouse:
         A named ``caller`` needs ``audit`` in its tenant, and another tenant's item reads as
         missing; the operator (no caller) sees any tenant's, or ``tenant``'s.
         """
-        if caller is None:
-            return self._lineage(item_id, tenant)
-        who = _asker(caller, None, tenant, None)
-        return self._gate.run(
+        who = None if caller is None else _asker(caller, None, tenant, None)
+        found, _ = self._gate.run(
             Operation.AUDIT,
             who,
             Need.AUDIT,
-            lambda _: self._lineage(item_id, who.tenant),
+            lambda _: self._lineage(item_id, who.tenant if who is not None else tenant),
             lambda found: {"reason": f"lineage of {item_id!r}", "doc_ids": _asked(item_id)},
+            touched=lambda found: {found[1]: _asked(item_id)},
         )
+        return found
 
     def _tenant_of_document(self, doc_id: str, tenant: str | None, holders: list[str] | None = None) -> str:
         """The tenant whose document ``doc_id`` is meant: ``tenant`` if named, else the only one
@@ -779,8 +826,9 @@ class Warehouse:
             )
         return holders[0]
 
-    def _lineage(self, item_id: str, tenant: str | None) -> dict[str, Any]:
-        """The lineage of ``item_id`` within ``tenant`` (None: the operator, the item's own tenant).
+    def _lineage(self, item_id: str, tenant: str | None) -> tuple[dict[str, Any], str]:
+        """The lineage of ``item_id`` within ``tenant`` (None: the operator, the item's own tenant),
+        and the tenant it was found in.
 
         Receipts are the item's tenant's only, each saying what came of it: rows ``returned`` only
         by a retrieval that returned them; a refused probe listed as refused. An erased document
@@ -827,38 +875,48 @@ class Warehouse:
                  **r.details.get("tombstone", {})}  # fmt: skip
                 for r in tombstones
             ],
-        }
+        }, scope
 
-    def receipts(self, *, caller: str | Caller, tenant: str | None = None, **filters: Any) -> list[StoredReceipt]:
-        """Audit receipts of the caller's tenant matching ``filters`` (see ``AuditLog.query``); needs ``audit``."""
+    def receipts(self, *, caller: str | Caller | None, tenant: str | None = None, **filters: Any) -> list[StoredReceipt]:
+        """Audit receipts of the caller's tenant matching ``filters`` (see ``AuditLog.query``); needs
+        ``audit``. The operator (``caller=None``) reads any tenant's, or ``tenant``'s."""
         return self.receipt_page(caller=caller, tenant=tenant, **filters)[1]
 
     def receipt_page(
-        self, *, caller: str | Caller, tenant: str | None = None, **filters: Any
+        self, *, caller: str | Caller | None, tenant: str | None = None, **filters: Any
     ) -> tuple[int, list[StoredReceipt]]:
         """How many receipts of the caller's tenant match ``filters``, and the page ``offset`` and
-        ``limit`` pick of them, newest first (see ``AuditLog.page``); needs ``audit``."""
-        who = _asker(caller, None, tenant, None)
+        ``limit`` pick of them, newest first (see ``AuditLog.page``); needs ``audit``. The operator
+        (``caller=None``) reads any tenant's, or ``tenant``'s: receipted in each tenant it read."""
+        who = None if caller is None else _asker(caller, None, tenant, None)
+        scope = who.tenant if who is not None else tenant
         return self._gate.run(
             Operation.AUDIT,
             who,
             Need.AUDIT,
-            lambda _: self.audit.page(**{**filters, "tenant": who.tenant}),
-            lambda found: {"reason": f"audit query: {len(found[1])} of {found[0]} receipts"},
+            lambda _: self.audit.page(**{**filters, "tenant": scope}),
+            lambda found: {"reason": f"audit query: {len(found[1])} of {found[0]} receipts" if scope is not None
+                           else "audit query of every tenant"},
+            touched=lambda _: {scope: ()} if scope is not None else self._every_tenant(),
+            neutral=True,
         )
 
     def verify_audit(
-        self, *, caller: str | Caller, tenant: str | None = None, expect_head: str | None = None
+        self, *, caller: str | Caller | None, tenant: str | None = None, expect_head: str | tuple[int, str] | None = None
     ) -> ChainReport:
         """Verify every receipt chain on behalf of ``caller``, against the checkpoint ``expect_head``
-        when given (see ``AuditLog.verify``); needs ``audit`` in its tenant."""
-        who = _asker(caller, None, tenant, None)
+        when given (see ``AuditLog.verify``); needs ``audit`` in its tenant. The operator
+        (``caller=None``) is receipted in every tenant."""
+        who = None if caller is None else _asker(caller, None, tenant, None)
         return self._gate.run(
             Operation.AUDIT,
             who,
             Need.AUDIT,
             lambda _: self.audit.verify(expect_head=expect_head),
-            lambda report: {"reason": f"audit verify: {'intact' if report.ok else 'broken'} ({report.receipts} receipts)"},
+            lambda report: {"reason": f"audit verify: {'intact' if report.ok else 'broken'}"
+                                      + (f" ({report.receipts} receipts)" if who is not None else "")},
+            touched=lambda _: self._every_tenant(),
+            neutral=True,
         )
 
 

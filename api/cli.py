@@ -262,7 +262,7 @@ def audit_verify(expect_head: str | tuple[int, str] | None, settings: Settings) 
     """Check every receipt chain: any edited, deleted, inserted or reordered receipt is reported
     (exit 1). A cut-off tail is visible only against a checkpoint taken before: keep the printed
     checkpoint and pass it back with --expect-head."""
-    report = Warehouse(settings).audit.verify(expect_head=expect_head)
+    report = Warehouse(settings).verify_audit(caller=None, expect_head=expect_head)
     for problem in report.problems:
         click.echo(problem, err=True)
     chains = f"{report.chains} chain{'' if report.chains == 1 else 's'}"
@@ -295,8 +295,8 @@ def audit_query(
 ) -> None:
     """Find receipts by chunk, document, subject, label and time range; prints JSON lines."""
     utc = {k: v.replace(tzinfo=timezone.utc) for k, v in {"since": since, "until": until}.items() if v}
-    receipts = Warehouse(settings).audit.query(
-        chunk_id=chunk_id, doc_id=doc_id, subject=subject, label=label, tenant=tenant, limit=limit, **utc
+    receipts = Warehouse(settings).receipts(
+        caller=None, chunk_id=chunk_id, doc_id=doc_id, subject=subject, label=label, tenant=tenant, limit=limit, **utc
     )
     for receipt in receipts:
         click.echo(json.dumps(_receipt_json(receipt), ensure_ascii=False))
@@ -340,7 +340,7 @@ def lineage_show(item_id: str, tenant: str | None, settings: Settings) -> None:
 def lineage_flush(settings: Settings) -> None:
     """Send the OpenLineage events spooled while the lineage backend was down, oldest first
     (each run also does this as it starts). Exit 1 if some are still pending."""
-    report = Warehouse(settings).openlineage.flush()
+    report = Warehouse(settings).flush_lineage()
     click.echo(f"sent {report.sent}, set aside {report.rejected}, still pending {report.pending}")
     if report.pending:
         sys.exit(1)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..config import Settings
-from ..credentials import ApiKeys, api_keys_at
+from ..api_keys import ApiKeys, api_keys_at
 from ..errors import ConfigurationError
 from .balance import create_loads_file, worker_loads
 from .cli_options import common_options

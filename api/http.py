@@ -21,7 +21,7 @@ from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
 from ..config import Settings
-from ..credentials import Authenticator, authenticator_for
+from ..credentials import Authenticator
 from ..deadline import Deadline, bounded, in_turns
 from ..errors import PolicyError
 from ..governance.caller import Identity
@@ -142,7 +142,7 @@ def create_app(
     ``peers``: this process's slot among the workers of ``serve --workers N`` (``balance``)."""
     warehouse = warehouse or Warehouse(settings)
     warehouse.policy  # noqa: B018 -- a stored policy that does not load is refused before serving
-    authenticator = authenticator_for(warehouse, settings.auth)
+    authenticator = warehouse.authenticator(settings.auth)
     caller_names = CallerNames(authenticator)
     mcp_server = None
     if with_mcp:
@@ -189,7 +189,7 @@ def create_app(
     def readyz() -> Readiness:
         """Readiness: the warehouse answers and a policy is in force (503 otherwise)."""
         policy = warehouse.policy
-        table_version = warehouse.store.chunks_version
+        table_version = warehouse.table_version
         if policy is None:
             raise PolicyError("no policy is in force: install one (ragwarden policy install) before serving")
         serving = warehouse.serving_status()
@@ -256,7 +256,7 @@ def create_app(
     def ingest(body: IngestRequest, identity: Verified) -> IngestResponse:
         """Ingest source records into the caller's tenant (needs ``ingest``)."""
         report = warehouse.ingest_records(body.records, caller=identity)
-        return IngestResponse.of(report, warehouse.store.chunks_version)
+        return IngestResponse.of(report, warehouse.table_version)
 
     @app.post("/v1/derive", response_model=DerivedModel, tags=["lifecycle"])
     def derive(body: DeriveRequest, identity: Verified) -> DerivedModel:

@@ -40,7 +40,8 @@ from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
 from ..config import Settings
-from ..credentials import Authenticator, api_keys_at, authenticator_for
+from ..api_keys import api_keys_at
+from ..credentials import Authenticator
 from ..errors import AuthenticationError, ConfigurationError, RagwardenError
 from ..governance.caller import Identity
 from ..ingest.lifecycle import MAX_DERIVED_CHARS
@@ -388,7 +389,7 @@ def run_stdio(settings: Settings) -> None:
         )
     _verified(Authenticator(settings.auth, api_keys_at(settings.warehouse, settings.storage_options)), credential)
     warehouse = Warehouse(settings)
-    authenticator = authenticator_for(warehouse)
+    authenticator = warehouse.authenticator()
     identity = _verified(authenticator, credential)
     build_mcp_server(warehouse, authenticator, identity=identity, credential=credential).run("stdio")
 

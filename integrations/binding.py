@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import httpx
 
-from ..credentials import authenticator_for
 from ..errors import ConfigurationError, WarehouseError, error_of, error_of_status
 from ..governance.caller import Identity
 from ..retrieval.collapse import Collapse, GroupBy
@@ -166,7 +165,7 @@ def bind(
         return OverHttp(url=url, token=token, options=options)
     assert warehouse is not None
     if token is not None:
-        authenticator = authenticator_for(warehouse)
+        authenticator = warehouse.authenticator()
         authenticator.verify(token)  # a bad token is refused now, not at the first search
 
         def verified() -> Identity:

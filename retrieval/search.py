@@ -12,12 +12,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..caches import LruCache
 from ..config import Settings
 from ..deadline import check_deadline
 from ..embedder import Embedder
@@ -63,30 +64,7 @@ POST_CHECK_BLOCK = 16  # rows the post-check decides (and hits it makes) between
 FIELD_ROW_BYTES = 256  # what a row's filterable fields take held (ids, columns, a few metadata fields), about
 DEFAULT_FLAT_CACHE_BYTES = Settings().flat_cache_bytes  # the setting's default
 
-V = TypeVar("V")
 H = TypeVar("H", bound=Held)
-
-
-class LruCache(Generic[V]):
-    """Values by key, the least recently used dropped past ``size``; built outside the lock (two
-    threads may build one value, which is pure, at once). Holds the compiled filters and views."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._items: OrderedDict[tuple[str, ...], V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, ...], build: Callable[[], V]) -> V:
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        value = build()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-        return value
 
 
 def _tags(

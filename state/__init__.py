@@ -9,7 +9,7 @@ above (ingest, retrieval, the face) ask typed questions.
 
 from __future__ import annotations
 
-from .api_keys import ApiKeysTable
+from .api_keys import ApiKeyRow, ApiKeysTable
 from .audit_log import AuditLog
 from .audit_table import AuditTable
 from .directory import DirectoryRow, DirectorySnapshot, DirectoryTable
@@ -27,6 +27,7 @@ __all__ = [
     "LINEAGE_EVENTS",
     "TAG_COLUMNS",
     "VECTOR_INDEX_MIN_ROWS",
+    "ApiKeyRow",
     "ApiKeysTable",
     "AuditLog",
     "AuditTable",

@@ -7,6 +7,7 @@ is never deleted (a revoked one stays, so its id is never reused), which makes t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ import pyarrow as pa
 
 from ..governance.sql import sql_string
 from .schema import API_KEYS
-from .tables import compact_and_prune, damaged_files, local_path, names_storage_failures, open_table
+from .tables import compact_and_prune, connect, damaged_files, local_path, names_storage_failures, open_table
 
 API_KEYS_SCHEMA = pa.schema(
     [
@@ -49,6 +50,11 @@ class ApiKeysTable:
     def __init__(self, db: Any) -> None:
         self.uri: str = db.uri
         self._table = open_table(db, API_KEYS, API_KEYS_SCHEMA)
+
+    @classmethod
+    def at(cls, uri: str, storage_options: Mapping[str, str] | None = None) -> ApiKeysTable:
+        """The keys' table of the warehouse at ``uri``, without opening the rest of it."""
+        return cls(connect(uri, storage_options))
 
     def damaged_files(self) -> list[str]:
         return damaged_files(local_path(self.uri), {API_KEYS: self._table})

@@ -427,6 +427,11 @@ class Store:
         chunks = self._rows_where_in(self._chunks, "doc_id", [doc_id], ["tenant", "kind"])
         return sorted({r["tenant"] for r in sources} | {r["tenant"] for r in chunks if r["kind"] == "chunk"})
 
+    def tenants(self) -> list[str]:
+        """Every tenant the warehouse holds a source record of."""
+        found = self._sources.to_lance().to_table(columns=["tenant"])
+        return sorted(set(found.column("tenant").to_pylist()))
+
     def source_tags(self, keys: Iterable[DocumentKey]) -> list[GovernanceTags]:
         """The current tags of source documents (for lineage summaries)."""
         rows = self._documents_rows(self._sources, keys, ["doc_id", *TAG_COLUMNS])

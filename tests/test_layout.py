@@ -106,3 +106,19 @@ def test_the_rules_hold_no_io():
             names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             offenders += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in IO_MODULES]
     assert not offenders, offenders
+
+
+def test_identity_stands_apart_from_the_face_and_the_interfaces_reach_storage_through_it():
+    """``credentials.py`` imports neither the face nor the state layer (the face hands it the API
+    keys); ``gate.py`` nothing of retrieval; ``api/`` and ``integrations/`` never reach past the
+    face into its storage (``.store``, ``.audit``, ``.openlineage``)."""
+    assert not {name for name in ragwarden_imports(REPO / "credentials.py")
+                if name.startswith(("ragwarden.warehouse", "ragwarden.state", "ragwarden.api_keys"))}  # fmt: skip
+    assert not {name for name in ragwarden_imports(REPO / "gate.py") if name.startswith("ragwarden.retrieval")}
+    reaching = []
+    for folder in ("api", "integrations"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Attribute) and node.attr in ("store", "audit", "openlineage"):
+                    reaching.append(f"{path.relative_to(REPO)}:{node.lineno} .{node.attr}")
+    assert not reaching, reaching

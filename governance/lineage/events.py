@@ -19,7 +19,7 @@ import os
 import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa

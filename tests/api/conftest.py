@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ragwarden.credentials import api_keys_at
+from ragwarden.api_keys import api_keys_at
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 

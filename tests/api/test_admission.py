@@ -22,7 +22,7 @@ import pytest
 from ragwarden.api.admission import FairSlots, _Refused
 from ragwarden.api.balance import WorkerLoads, create_loads_file
 from ragwarden.api.callers import UNVERIFIED
-from ragwarden.credentials import api_keys_at
+from ragwarden.api_keys import api_keys_at
 from ragwarden.warehouse import Warehouse
 
 HOLD_SECONDS = 1.0

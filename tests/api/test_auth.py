@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
+from ragwarden.api_keys import ApiKeys
 from ragwarden.config import AuthSettings
-from ragwarden.credentials import ApiKeys
 from ragwarden.errors import InvalidRequestError
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
@@ -399,11 +399,10 @@ def test_a_credential_is_decided_on_the_event_loop_only_where_that_needs_no_io(d
     """The search route decides a shared-secret token (or a missing one) on the event loop, and
     leaves what needs the warehouse (an API key) or the published keys (an asymmetric token) to a
     worker thread: ``at_hand`` answers None for those, never a guess."""
-    from ragwarden.credentials import authenticator_for
     from ragwarden.errors import AuthenticationError
 
     settings = AuthSettings(jwt_secret=JWT_SECRET, jwt_jwks=jwks_url, issuer=ISSUER, audience=AUDIENCE)
-    authenticator = authenticator_for(demo_warehouse, settings)
+    authenticator = demo_warehouse.authenticator(settings)
     decided = authenticator.at_hand(f"Bearer {mint('alice')}")
     assert decided is not None and decided.subject == "user:alice" and decided.tenant == "acme"
     assert authenticator.at_hand(f"Bearer {idp.sign('rsa-1', claims())}") is None

@@ -239,8 +239,9 @@ def test_derive_explain_sync_forget_from_the_command_line(runner, demo_cli_wareh
 def test_token_mints_a_token_the_service_accepts(runner, warehouse_args, monkeypatch):
     from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 
+    from ragwarden.api_keys import ApiKeys
     from ragwarden.config import Settings
-    from ragwarden.credentials import ApiKeys, Authenticator
+    from ragwarden.credentials import Authenticator
     from ragwarden.state.api_keys import ApiKeysTable
     from ragwarden.state.tables import connect
 
@@ -262,7 +263,7 @@ def test_token_without_a_configured_secret_says_what_to_set(runner, warehouse_ar
 
 
 def test_apikey_create_list_revoke_keeps_only_the_hash(runner, warehouse_args):
-    from ragwarden.credentials import ApiKeys
+    from ragwarden.api_keys import ApiKeys
     from ragwarden.errors import AuthenticationError
     from ragwarden.state.api_keys import ApiKeysTable
     from ragwarden.state.tables import connect

@@ -29,8 +29,9 @@ from support.mcp_clients import mcp_over_http
 from support.readme import README_SERVICE, readme_block
 
 from ragwarden.api.mcp_server import LOCAL_SESSION, SessionUnions, build_mcp_server
+from ragwarden.api_keys import ApiKeys
 from ragwarden.config import AuthSettings
-from ragwarden.credentials import ApiKeys, Authenticator
+from ragwarden.credentials import Authenticator
 from ragwarden.embedder import Embedder
 from ragwarden.governance.caller import Identity
 from ragwarden.governance.tags import Classification

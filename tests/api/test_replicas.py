@@ -22,7 +22,7 @@ from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.mcp_clients import mcp_over_http
 from support.replicas import Replica
 
-from ragwarden.credentials import ApiKeys
+from ragwarden.api_keys import ApiKeys
 from ragwarden.embedder import Embedder
 from ragwarden.governance.audit import fingerprint
 from ragwarden.policies import policy_file

@@ -11,10 +11,9 @@ from datetime import timedelta
 import lancedb
 import pytest
 
-from ragwarden.group_commit import GroupCommit
 from ragwarden.governance.audit import Receipt
-from ragwarden.state import AuditLog
-from ragwarden.state import AuditTable
+from ragwarden.group_commit import GroupCommit
+from ragwarden.state import AuditLog, AuditTable
 
 
 def _race(threads: int, each: int, work) -> list:

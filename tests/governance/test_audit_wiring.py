@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 
@@ -13,7 +14,9 @@ from support.raw_tables import raw_table
 
 from ragwarden.api.cli import main
 from ragwarden.errors import NotFoundError
+from ragwarden.governance.caller import Caller
 from ragwarden.policies import policy_file
+from ragwarden.warehouse import OPERATOR
 
 
 @pytest.fixture
@@ -52,7 +55,8 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
     runner = CliRunner()
     args = ["--warehouse", audited_warehouse.uri]
     verified = runner.invoke(main, ["audit", "verify", *args])
-    assert verified.exit_code == 0 and "3 receipts in 1 chain, intact" in verified.stdout
+    # the policy's install (one receipt in each tenant it names: acme, globex), the ingest, the search, the derive
+    assert verified.exit_code == 0 and "5 receipts in 1 chain, intact" in verified.stdout
     head = verified.stdout.split("checkpoint ")[-1].strip()
     assert runner.invoke(main, ["audit", "verify", "--expect-head", head, *args]).exit_code == 0
     bad = runner.invoke(main, ["audit", "verify", "--expect-head", "3:nothex", *args])
@@ -62,9 +66,9 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
     raw_table(audited_warehouse.store, "audit").update(where="seq = 2", values={"subject": "user:mallory"})
     tampered = runner.invoke(main, ["audit", "verify", *args])
     assert tampered.exit_code == 1 and "seq 2" in tampered.stderr
-    raw_table(audited_warehouse.store, "audit").delete("seq = 3")
+    raw_table(audited_warehouse.store, "audit").delete("seq = 5")
     dropped = runner.invoke(main, ["audit", "verify", "--expect-head", head, *args])
-    assert dropped.exit_code == 1 and "seq 3: the head checkpoint" in dropped.stderr and "recorded is gone" in dropped.stderr
+    assert dropped.exit_code == 1 and "seq 5: the head checkpoint" in dropped.stderr and "recorded is gone" in dropped.stderr
 
 
 def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):
@@ -103,3 +107,24 @@ def test_commands_that_never_embed_never_load_the_model(audited_warehouse, comma
     env = {**os.environ, "RAGWARDEN_EMBED_BACKEND": "torch", "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.split("\n")[0] == "0 []", done.stdout + done.stderr
+
+
+def test_the_operators_own_runs_leave_receipts_under_the_process_user_that_auditors_see(demo_policy_warehouse, make_record):
+    """Installing a policy from a file, optimizing, a lineage without a caller, and the command
+    line's audit verify and query: each decided by the gate and receipted under the operator (the
+    operating-system user that ran it), in the tenants it touched, where that tenant's auditor
+    reads it like any other receipt."""
+    wh = demo_policy_warehouse  # its policy installed from a file by the operator
+    wh.ingest_records([make_record()])
+    wh.optimize()
+    wh.lineage("doc-1")
+    args = ["--warehouse", wh.uri]
+    assert CliRunner().invoke(main, ["audit", "verify", *args]).exit_code == 0
+    assert CliRunner().invoke(main, ["audit", "query", "--tenant", "acme", *args]).exit_code == 0
+    assert OPERATOR == f"operator:{pwd.getpwuid(os.getuid()).pw_name}"
+    seen = wh.receipts(caller=Caller(subject="user:carol", tenant="acme"), subject=OPERATOR)  # carol holds audit in acme
+    reasons = {(r.operation, r.reason.split(" (")[0].split(":")[0]) for r in seen}
+    assert {("admin", "installed policy " + wh.policy.version + " from a file"), ("admin", "optimized the warehouse"),
+            ("audit", "lineage of 'doc-1'"), ("audit", "audit verify"), ("audit", "audit query")} <= reasons, reasons  # fmt: skip
+    assert all(r.tenant == "acme" and r.allowed for r in seen)
+    assert wh.audit.verify().ok

@@ -12,7 +12,7 @@ from langchain_tests.integration_tests import RetrieversIntegrationTests
 from pydantic import ValidationError
 from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
-from ragwarden.credentials import ApiKeys
+from ragwarden.api_keys import ApiKeys
 from ragwarden.errors import AuthenticationError, ConfigurationError, InvalidRequestError, WarehouseError
 from ragwarden.integrations.langchain import WardenRetriever
 from ragwarden.warehouse import Warehouse

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ragwarden.api_keys import api_keys_at
 from ragwarden.config import AuthSettings
-from ragwarden.credentials import Authenticator, api_keys_at
+from ragwarden.credentials import Authenticator
 from ragwarden.errors import AuthenticationError, InvalidRequestError, InvalidSourceError, PolicyError
 from ragwarden.governance.policy import Policy
 from ragwarden.ingest.files import _load_manifest

@@ -20,9 +20,9 @@ import lancedb
 import pytest
 from support.audit_writers import journal_and_die, journaled_log, receipt
 
-from ragwarden.state import audit_log as audit_module
 from ragwarden.governance.audit import Receipt
 from ragwarden.state import AuditLog
+from ragwarden.state import audit_log as audit_module
 from ragwarden.state import journal_segments as segments
 from ragwarden.state.audit_journal import JOURNAL, Journaled, JournalFile, ReceiptJournal
 from ragwarden.state.audit_table import AuditTable

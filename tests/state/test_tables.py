@@ -14,8 +14,7 @@ from support.raw_tables import raw_table
 
 from ragwarden.errors import WarehouseError
 from ragwarden.governance.audit import Receipt
-from ragwarden.state import AuditLog
-from ragwarden.state import audit_table, tables
+from ragwarden.state import AuditLog, audit_table, tables
 from ragwarden.state.schema import AUDIT_SCHEMA
 from ragwarden.warehouse import Warehouse
 
