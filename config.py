@@ -16,8 +16,8 @@ IngestEngineName = Literal["local", "ray"]
 INGEST_ENGINES: tuple[str, ...] = get_args(IngestEngineName)
 EMBED_BACKENDS: tuple[EmbedBackend, ...] = get_args(EmbedBackend)
 DEFAULT_EMBED_BACKEND: EmbedBackend = "onnx-int8"
-"""The fastest backend whose SciFact nDCG@10 is within 0.005 of PyTorch's (``make bench``:
-0.6553 against 0.6542, 2.5x the documents per second on a CPU)."""
+"""The fastest backend whose SciFact nDCG@10 is within 0.005 of PyTorch's, measured by ``make bench``
+(figures: ``docs/performance.md``, the constants table)."""
 
 DEFAULT_WAREHOUSE = ".ragwarden"
 DEFAULT_DATA_DIR = "../shared/data"

@@ -33,7 +33,6 @@ from .errors import AuthenticationError
 from .governance.caller import Identity
 from .governance.tags import actor_problem, group_named, group_problem, principal_problem, tenant_problem, user_named
 
-
 __all__ = ["PREFIX", "ApiKey", "Authenticator", "KeyVerifier"]
 
 PREFIX = "rwk_"

@@ -11,6 +11,7 @@ error ``code`` a service answers it with (a subclass inherits both unless it nam
     ├── PolicyError               503 policy_unavailable     the policy cannot be loaded
     │   └── InvalidPolicyError    503 policy_unavailable     a policy file has a bad line (named, with its number)
     ├── InvalidRequestError       422 invalid_request        a search or operation was asked for with bad arguments
+    │   ├── InvalidValueError     422 invalid_request        a value (tag, principal, record field) is malformed; also a ValueError
     │   └── PayloadTooLargeError  413 payload_too_large      a request body is over the size limit
     ├── AuthenticationError       401 unauthenticated        no credential, or one that does not verify
     ├── NotFoundError             404 not_found              no such item visible to the caller (missing and forbidden look alike)
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidPolicyError",
     "InvalidRequestError",
     "InvalidSourceError",
+    "InvalidValueError",
     "NotFoundError",
     "OverloadedError",
     "PayloadTooLargeError",
@@ -91,6 +93,12 @@ class InvalidRequestError(RagwardenError):
 
     status = 422
     code = "invalid_request"
+
+
+class InvalidValueError(InvalidRequestError, ValueError):
+    """A value is malformed: a tag, a principal, a classification, a field of a record or a
+    manifest. The rules that check values raise it; it is also a ``ValueError``, so code that
+    checks a value the way Python's own parsers do (``except ValueError``) treats it alike."""
 
 
 class PayloadTooLargeError(InvalidRequestError):

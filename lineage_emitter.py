@@ -47,7 +47,7 @@ from openlineage.client.serde import Serde
 from openlineage.client.transport import Transport
 from openlineage.client.uuid import generate_new_uuid
 
-from .errors import WarehouseError
+from .errors import ConfigurationError, InvalidValueError, WarehouseError
 from .governance.lineage import ChunksOutput, LineageRun
 from .governance.lineage.events import JOBS, Job, event_from_json, run_event
 from .lineage_transport import lineage_disabled, make_client
@@ -94,7 +94,7 @@ class LineageEmitter:
     ) -> None:  # fmt: skip
         if spool is None or (events is None and lineage_dir is None):
             if lineage_dir is None:
-                raise ValueError("a lineage emitter needs a lineage_dir, or both a spool and an events transport")
+                raise ConfigurationError("a lineage emitter needs a lineage_dir, or both a spool and an events transport")
         self.warehouse_uri = warehouse_uri
         self.enabled = not lineage_disabled(env)
         self.spool: LineageSpool = spool if spool is not None else FolderSpool(lineage_dir / "spool")  # type: ignore[operator]
@@ -112,7 +112,7 @@ class LineageEmitter:
         """Begin a run reading ``sources`` (URIs, absolute paths or ``doc:<id>``): send what is
         spooled, then START."""
         if job not in JOBS:
-            raise ValueError(f"unknown lineage job {job!r}; use one of {', '.join(JOBS)}")
+            raise InvalidValueError(f"unknown lineage job {job!r}; use one of {', '.join(JOBS)}")
         run = LineageRun(str(generate_new_uuid()), job, self.warehouse_uri, tuple(sources))
         with self._lock:
             self._backend_down = False  # a new run tries the backend again

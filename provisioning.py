@@ -38,7 +38,7 @@ from scim2_server.memory import InMemoryStorage
 from scim2_server.service import ScimService
 from scim2_server.storage import ScimStorage, SearchPage
 
-from .errors import PolicyError
+from .errors import PolicyError, RagwardenError
 from .governance.caller import Caller
 from .governance.provisioned import GROUP, USER
 from .governance.tags import group_named, group_problem, principal_problem, user_named
@@ -136,7 +136,7 @@ class TenantDirectory(ScimStorage):
     @property
     def memory(self) -> _Memory:
         if self._memory is None:
-            raise RuntimeError("the directory is read inside an operation only")
+            raise RagwardenError("the directory is read inside an operation only: open one with the provisioning gate first")
         return self._memory
 
     # -- what governance needs of a resource -----------------------------------------------

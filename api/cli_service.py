@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from ..config import Settings
 from ..api_keys import ApiKeys, api_keys_at
+from ..config import Settings
 from ..errors import ConfigurationError
 from .balance import create_loads_file, worker_loads
 from .cli_options import common_options
@@ -76,11 +76,10 @@ def app_from_env() -> Any:
 
 
 def _freeze_startup_objects() -> None:
-    """Exempt what the server built to start (about 300,000 objects: modules, the app, the model's
-    session) from the garbage collector's full passes. Each pass walked them all, stopping every
-    request in the process: 170 ms on an idle machine, 300-390 ms seen under load, the slowest
-    answers of a loaded server. They live as long as the process, so nothing is lost by not
-    collecting them."""
+    """Exempt what the server built to start (modules, the app, the model's session) from the
+    garbage collector's full passes. Each pass walked them all, stopping every request in the
+    process: the slowest answers of a loaded server (figures: ``docs/performance.md``, the
+    constants table). They live as long as the process, so nothing is lost by not collecting them."""
     import gc
 
     gc.collect()

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from ..config import Settings
 from ..credentials import Authenticator
 from ..deadline import Deadline, bounded, in_turns
-from ..errors import PolicyError
+from ..errors import InvalidValueError, PolicyError
 from ..governance.caller import Identity
 from ..retrieval.manifest import ContextManifest
 from ..warehouse import Warehouse
@@ -78,7 +78,7 @@ def _not_a_number(value: object) -> object:
         float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return value
-    raise ValueError("must be an ISO 8601 date-time with a timezone, such as 2026-01-31T00:00:00Z")
+    raise InvalidValueError("must be an ISO 8601 date-time with a timezone, such as 2026-01-31T00:00:00Z")
 
 
 Instant = Annotated[datetime, BeforeValidator(_not_a_number)]
@@ -111,8 +111,8 @@ async def _caller_on_loop(request: Request, credentials: Bearer) -> Identity:
     """``_caller``, decided on the event loop where that needs no I/O (no credential, or a token
     signed with the shared secret), else in a worker thread as ``_caller`` is. Why: a hand-off to a
     thread waits its turn at the interpreter lock under load, and with a few requests at work that
-    wait is the service's throughput (two hand-offs against one: 155 to 173 searches/s against
-    187 to 204 at 16 and 64 clients beside an ingest)."""
+    wait is the service's throughput (two hand-offs against one: ``docs/performance.md``, the
+    constants table)."""
     verified = request.scope.get("state", {}).get(VERIFIED)
     header = _header(credentials)
     if verified is not None and verified[0] == header:  # decided once, on admission

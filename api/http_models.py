@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
+from ..errors import InvalidValueError
 from ..governance.audit import StoredReceipt
 from ..governance.explain import Explanation
 from ..ingest.lifecycle import DERIVED_KINDS, DerivedRow, ForgetReport, SyncReport
@@ -48,7 +49,7 @@ class SearchRequest(Request):
     def _a_json_number(cls, value: object) -> object:
         """Refuse true/false and numeric strings where the schema says integer (pydantic would coerce them)."""
         if isinstance(value, bool | str):
-            raise ValueError("must be a whole number")  # noqa: TRY004 - pydantic reports only ValueError
+            raise InvalidValueError("must be a whole number")  # noqa: TRY004 - pydantic reports only ValueError
         return value
 
 

@@ -39,8 +39,8 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
-from ..config import Settings
 from ..api_keys import api_keys_at
+from ..config import Settings
 from ..credentials import Authenticator
 from ..errors import AuthenticationError, ConfigurationError, RagwardenError
 from ..governance.caller import Identity

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..errors import InvalidValueError
 from .tags import GovernanceTags
 
 
 def propagate(parents: Sequence[GovernanceTags]) -> GovernanceTags:
     """Tags of a row derived from ``parents``; ValueError if there are none or tenants differ."""
     if not parents:
-        raise ValueError("a derived row needs at least one parent")
+        raise InvalidValueError("a derived row needs at least one parent")
     tenants = {p.tenant for p in parents}
     if len(tenants) != 1:
-        raise ValueError(f"parents span several tenants ({', '.join(sorted(tenants))}); derive within one tenant")
+        raise InvalidValueError(f"parents span several tenants ({', '.join(sorted(tenants))}); derive within one tenant")
     clauses = {clause for parent in parents for clause in parent.acl_clauses}
     return GovernanceTags(
         tenant=parents[0].tenant,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timezone
 
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, InvalidValueError
 
 
 def sql_string(value: str) -> str:
@@ -13,7 +13,7 @@ def sql_string(value: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"SQL string literal needs str, got {type(value).__name__}")
     if "\x00" in value:
-        raise ValueError("a NUL character cannot appear in a filter value")
+        raise InvalidValueError("a NUL character cannot appear in a filter value")
     return "'" + value.replace("'", "''") + "'"
 
 
@@ -21,7 +21,7 @@ def sql_list(values: Iterable[str]) -> str:
     """A non-empty SQL array literal of strings, sorted for a stable cache key."""
     items = sorted(set(values))
     if not items:
-        raise ValueError("an SQL array literal needs at least one element")
+        raise InvalidValueError("an SQL array literal needs at least one element")
     return "[" + ", ".join(sql_string(v) for v in items) + "]"
 
 
@@ -37,7 +37,7 @@ def sql_documents(keys: Iterable[tuple[str, str]]) -> str:
     for tenant, doc_id in keys:
         by_tenant.setdefault(tenant, set()).add(doc_id)
     if not by_tenant:
-        raise ValueError("a documents filter needs at least one (tenant, doc id) pair")
+        raise InvalidValueError("a documents filter needs at least one (tenant, doc id) pair")
     return " OR ".join(
         f"(tenant = {sql_string(tenant)} AND doc_id IN {sql_in_list(ids)})" for tenant, ids in sorted(by_tenant.items())
     )

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from ..errors import InvalidValueError
+
 EVERYONE = "everyone"
 MAX_NAME_LENGTH = 256
 _PRINCIPAL_KINDS = ("user", "group", "service")
@@ -37,7 +39,7 @@ class Classification(IntEnum):
         if isinstance(value, str) and value.strip().upper() in cls.__members__:
             return cls[value.strip().upper()]
         choices = ", ".join(level.name.lower() for level in cls)
-        raise ValueError(f"unknown classification {value!r}; use one of {choices}")
+        raise InvalidValueError(f"unknown classification {value!r}; use one of {choices}")
 
     @property
     def label(self) -> str:
@@ -135,7 +137,7 @@ def check_principal(value: object) -> str:
     """Return ``value`` if it is a valid principal, else raise ValueError saying why."""
     problem = principal_problem(value)
     if problem:
-        raise ValueError(problem)
+        raise InvalidValueError(problem)
     return value  # type: ignore[return-value]
 
 
@@ -174,7 +176,7 @@ class GovernanceTags:
             problems.append(f"classification {self.classification!r} is not a Classification")
         found = [p for p in problems if p]
         if found:
-            raise ValueError("; ".join(found))
+            raise InvalidValueError("; ".join(found))
 
     @classmethod
     def for_source(
@@ -203,7 +205,7 @@ class GovernanceTags:
         """
         unknown = [t for t in row["acl_clauses"] if t not in clauses]
         if unknown:
-            raise ValueError(f"ACL clause {unknown[0]} is unknown")
+            raise InvalidValueError(f"ACL clause {unknown[0]} is unknown")
         return cls(
             tenant=row["tenant"],
             acl_clauses=tuple(frozenset(clauses[t]) for t in row["acl_clauses"]),

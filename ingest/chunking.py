@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidValueError
+
 
 @dataclass(frozen=True, kw_only=True)
 class Chunk:
@@ -23,9 +25,9 @@ def chunk_text(text: str, tokenizer: Any, *, window: int, overlap: int) -> list[
     text is a verbatim slice of the document.
     """
     if window < 1:
-        raise ValueError(f"window must be at least 1 token, got {window}")
+        raise InvalidValueError(f"window must be at least 1 token, got {window}")
     if not 0 <= overlap < window:
-        raise ValueError(f"overlap must be at least 0 and below the window ({window}), got {overlap}")
+        raise InvalidValueError(f"overlap must be at least 0 and below the window ({window}), got {overlap}")
     offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
     if not offsets:
         return []

@@ -24,7 +24,7 @@ import yaml
 from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWarning
 from pypdf import PdfReader
 
-from ..errors import InvalidSourceError
+from ..errors import InvalidSourceError, InvalidValueError
 from .posix_access import posix_readers
 from .records import Outcome, Rejected, Skipped, build_record, read_jsonl
 
@@ -77,11 +77,11 @@ def iter_file_sources(
     defaulting to ``default_tenant``, no labels and ``internal``. ``default_tenant`` also fills a
     sidecar or rule without a tenant.
 
-    Raises ValueError for an unknown ``acl_from`` and InvalidSourceError for a malformed
+    Raises InvalidValueError for an unknown ``acl_from`` and InvalidSourceError for a malformed
     manifest, both before the first file is read: every file's governance depends on them.
     """
     if acl_from not in (None, "posix"):
-        raise ValueError(f"unknown acl_from {acl_from!r}; use 'posix' or leave it unset")
+        raise InvalidValueError(f"unknown acl_from {acl_from!r}; use 'posix' or leave it unset")
     loader = _Loader(
         manifest=_load_manifest(manifest) if manifest is not None else None,
         posix=acl_from == "posix",
@@ -131,21 +131,21 @@ def _read_yaml_mapping(path: Path, allowed: frozenset[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_bytes())
     except OSError as exc:
-        raise ValueError(f"cannot read: {exc.strerror or exc}") from None
+        raise InvalidValueError(f"cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+        raise InvalidValueError(f"not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
     _check_mapping(data, allowed)
     return data
 
 
 def _check_mapping(data: object, allowed: frozenset[str]) -> None:
     if not isinstance(data, dict):
-        raise ValueError(f"must be a mapping, not {type(data).__name__}")
+        raise InvalidValueError(f"must be a mapping, not {type(data).__name__}")
     unknown = set(data) - allowed
     if unknown:
-        raise ValueError(f"has unknown keys {sorted(map(str, unknown))}; use {sorted(allowed)}")
+        raise InvalidValueError(f"has unknown keys {sorted(map(str, unknown))}; use {sorted(allowed)}")
 
 
 def _load_manifest(path: Path) -> _Manifest:
@@ -153,18 +153,18 @@ def _load_manifest(path: Path) -> _Manifest:
     try:
         rules = _read_yaml_mapping(path, frozenset({"rules"})).get("rules")
         if rules is None:
-            raise ValueError("has no rules list")
+            raise InvalidValueError("has no rules list")
         if not isinstance(rules, list):
-            raise ValueError(f"rules must be a list, not {type(rules).__name__}")
+            raise InvalidValueError(f"rules must be a list, not {type(rules).__name__}")
         parsed = []
         for index, rule in enumerate(rules):
             try:
                 _check_mapping(rule, RULE_KEYS)
                 glob = rule.get("glob")
                 if not isinstance(glob, str) or not glob.strip() or glob.startswith("/"):
-                    raise ValueError("needs a glob: a path pattern relative to the manifest's folder")
+                    raise InvalidValueError("needs a glob: a path pattern relative to the manifest's folder")
             except ValueError as exc:
-                raise ValueError(f"rules[{index}]: {exc}") from None
+                raise InvalidValueError(f"rules[{index}]: {exc}") from None
             segments = tuple(s for s in glob.split("/") if s not in ("", "."))
             fields = {key: value for key, value in rule.items() if key != "glob"}
             parsed.append(_Rule(glob=segments, fields=fields))

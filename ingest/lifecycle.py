@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..embedder import Embedder
-from ..errors import InvalidRequestError, InvalidSourceError, NotFoundError
+from ..errors import InvalidRequestError, InvalidSourceError, InvalidValueError, NotFoundError
 from ..governance.compiler import SubjectView
 from ..governance.propagation import propagate
 from ..governance.tags import GovernanceTags
@@ -272,13 +272,13 @@ def _sync_change(record: Mapping[str, Any], origin: str) -> tuple[str, Governanc
     """(doc id, new tags) of one sync record, in the JSONL shape; text, if present, is ignored."""
     try:
         if not isinstance(record, Mapping):
-            raise ValueError(f"a sync record must be an object, not {type(record).__name__}")
+            raise InvalidValueError(f"a sync record must be an object, not {type(record).__name__}")
         doc_id = record.get("id")
         if not isinstance(doc_id, str) or not doc_id or len(doc_id) > MAX_ID_LENGTH:
-            raise ValueError(f"id {doc_id!r} must be text of 1 to {MAX_ID_LENGTH} characters")
+            raise InvalidValueError(f"id {doc_id!r} must be text of 1 to {MAX_ID_LENGTH} characters")
         unknown = set(record) - RECORD_FIELDS
         if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)}")
+            raise InvalidValueError(f"unknown fields {sorted(unknown)}")
         tags = parse_tags(
             tenant=record.get("tenant"),
             acl=record.get("acl"),

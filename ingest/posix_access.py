@@ -67,7 +67,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Literal
 
-from ..errors import InvalidSourceError
+from ..errors import InvalidSourceError, InvalidValueError
 from ..governance.tags import EVERYONE
 
 ACL_XATTR = "system.posix_acl_access"
@@ -180,7 +180,7 @@ def posix_readers(path: Path, *, origin: str | None = None) -> PosixReaders:
         names = _names(steps)
         allow, deny = decide(steps)
         if not allow:
-            raise ValueError("no user, group or other may both search every folder above it and read it")
+            raise InvalidValueError("no user, group or other may both search every folder above it and read it")
     except ValueError as exc:
         raise InvalidSourceError(where, f"POSIX permissions: {exc}") from None
     return PosixReaders(allow=_sorted_names(allow, names), deny=_sorted_names(deny, names))
@@ -210,7 +210,7 @@ def read_steps(path: Path) -> tuple[Step, ...]:
     try:
         real = Path(os.path.realpath(path, strict=True))
     except OSError as exc:
-        raise ValueError(f"cannot resolve {path}: {exc.strerror or exc}") from None
+        raise InvalidValueError(f"cannot resolve {path}: {exc.strerror or exc}") from None
     document = read_step(str(real), needed=READ)
     return (document, *(read_step(str(folder), needed=EXECUTE) for folder in real.parents))
 
@@ -220,10 +220,10 @@ def read_step(path: str, *, needed: int) -> Step:
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise ValueError(f"cannot stat {path}: {exc.strerror or exc}") from None
+        raise InvalidValueError(f"cannot stat {path}: {exc.strerror or exc}") from None
     expected = stat.S_ISREG if needed == READ else stat.S_ISDIR
     if not expected(info.st_mode):
-        raise ValueError(f"{path} is not a regular {'file' if needed == READ else 'folder'}")
+        raise InvalidValueError(f"{path} is not a regular {'file' if needed == READ else 'folder'}")
     owner_bits, group_bits, other_bits = (info.st_mode >> 6) & 7, (info.st_mode >> 3) & 7, info.st_mode & 7
     entries = read_acl(path)
     if entries is None:
@@ -263,23 +263,23 @@ def read_acl(path: str) -> tuple[AclEntry, ...] | None:
     """
     getxattr: Callable[..., bytes] | None = getattr(os, "getxattr", None)
     if getxattr is None:
-        raise ValueError("this platform offers no POSIX ACLs to read (os.getxattr is Linux-only)")
+        raise InvalidValueError("this platform offers no POSIX ACLs to read (os.getxattr is Linux-only)")
     try:
         return parse_acl_xattr(getxattr(path, ACL_XATTR, follow_symlinks=False))
     except OSError as exc:
         if exc.errno not in _NO_ACL_ERRNOS:
-            raise ValueError(f"cannot read the ACL of {path}: {exc.strerror or exc}") from None
+            raise InvalidValueError(f"cannot read the ACL of {path}: {exc.strerror or exc}") from None
         if exc.errno == errno.ENODATA:
             return None
     except ValueError as exc:
-        raise ValueError(f"the ACL of {path} is malformed: {exc}") from None
+        raise InvalidValueError(f"the ACL of {path} is malformed: {exc}") from None
     try:
         getxattr(path, NFS4_ACL_XATTR, follow_symlinks=False)
     except OSError as exc:
         if exc.errno in _NO_ACL_ERRNOS:
             return None
-        raise ValueError(f"cannot tell whether {path} has an NFSv4 ACL: {exc.strerror or exc}") from None
-    raise ValueError(f"{path} has an NFSv4 ACL, which --acl-from posix cannot evaluate")
+        raise InvalidValueError(f"cannot tell whether {path} has an NFSv4 ACL: {exc.strerror or exc}") from None
+    raise InvalidValueError(f"{path} has an NFSv4 ACL, which --acl-from posix cannot evaluate")
 
 
 def parse_acl_xattr(data: bytes) -> tuple[AclEntry, ...]:
@@ -289,26 +289,26 @@ def parse_acl_xattr(data: bytes) -> tuple[AclEntry, ...]:
     whenever a named entry exists and at most one, no id named twice under one tag.
     """
     if len(data) < _HEADER.size or (len(data) - _HEADER.size) % _ENTRY.size:
-        raise ValueError(f"{len(data)} bytes is not a 4-byte header followed by 8-byte entries")
+        raise InvalidValueError(f"{len(data)} bytes is not a 4-byte header followed by 8-byte entries")
     (version,) = _HEADER.unpack_from(data)
     if version != ACL_XATTR_VERSION:
-        raise ValueError(f"version {version}, expected {ACL_XATTR_VERSION}")
+        raise InvalidValueError(f"version {version}, expected {ACL_XATTR_VERSION}")
     entries = []
     for tag, perms, number in _ENTRY.iter_unpack(data[_HEADER.size :]):
         if tag not in Tag._value2member_map_:
-            raise ValueError(f"unknown entry tag {tag:#x}")
+            raise InvalidValueError(f"unknown entry tag {tag:#x}")
         if perms & ~7:
-            raise ValueError(f"permission bits {perms:#o} beyond rwx")
+            raise InvalidValueError(f"permission bits {perms:#o} beyond rwx")
         named = tag in (Tag.USER, Tag.GROUP)
         entries.append(AclEntry(tag=Tag(tag), perms=perms, qualifier=number if named else None))
     counts = {tag: sum(e.tag is tag for e in entries) for tag in Tag}
     if any(counts[tag] != 1 for tag in (Tag.USER_OBJ, Tag.GROUP_OBJ, Tag.OTHER)) or counts[Tag.MASK] > 1:
-        raise ValueError("needs exactly one owner, owning-group and other entry and at most one mask")
+        raise InvalidValueError("needs exactly one owner, owning-group and other entry and at most one mask")
     if (counts[Tag.USER] or counts[Tag.GROUP]) and not counts[Tag.MASK]:
-        raise ValueError("named entries without a mask entry")
+        raise InvalidValueError("named entries without a mask entry")
     named_ids = [(e.tag, e.qualifier) for e in entries if e.qualifier is not None]
     if len(set(named_ids)) != len(named_ids):
-        raise ValueError("an id named twice")
+        raise InvalidValueError("an id named twice")
     return tuple(entries)
 
 
@@ -330,12 +330,12 @@ def _names(steps: tuple[Step, ...]) -> dict[Principal, str]:
                 name = pwd.getpwuid(who.number).pw_name if who.kind == "user" else grp.getgrgid(who.number).gr_name
             except KeyError:
                 kind = "uid" if who.kind == "user" else "gid"
-                raise ValueError(f"{kind} {who.number} ({role}) has no name in the account database") from None
+                raise InvalidValueError(f"{kind} {who.number} ({role}) has no name in the account database") from None
             names[who] = f"{who.kind}:{name}"
     seen: dict[str, Principal] = {}
     for who, name in names.items():
         if (other := seen.setdefault(name, who)) != who:
-            raise ValueError(f"ids {other.number} and {who.number} are both named {name!r}")
+            raise InvalidValueError(f"ids {other.number} and {who.number} are both named {name!r}")
     return names
 
 

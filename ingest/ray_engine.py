@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, RagwardenError
 from .chunking import Chunk
 from .records import SourceRecord
 from .writer import BatchResult, DocumentWriter, chunk_document
@@ -107,7 +107,10 @@ class RayEngine:
                             commit(plan_of[n])
         missing = [p for p, result in enumerate(results) if result is None]
         if missing:
-            raise RuntimeError(f"the Ray actors returned no chunks for some documents of batches {missing}")
+            raise RagwardenError(
+                f"the Ray actors returned no chunks for some documents of batches {missing}; nothing of them was "
+                "written: run the ingest again, or with engine='local' to see the failure"
+            )
         return [result for result in results if result is not None]
 
     def _chunked_and_embedded(self, records: list[SourceRecord]) -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import InvalidSourceError
+from ..errors import InvalidSourceError, InvalidValueError
 from ..governance.tags import Classification, GovernanceTags, label_problem, principal_problem, tenant_problem
 
 MAX_ID_LENGTH = 512
@@ -90,7 +90,7 @@ def _string_list(value: object, what: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise ValueError(f"{what} must be a list of strings, not {type(value).__name__}")
+        raise InvalidValueError(f"{what} must be a list of strings, not {type(value).__name__}")
     return value
 
 
@@ -125,7 +125,7 @@ def parse_tags(*, tenant: object, acl: object, labels: object, classification: o
     # the rest of what is wrong, said with the rest: the tenant, principals and labels as given
     found = [tenant_problem(tenant)] if tenant is not None else []
     found += [principal_problem(p) for p in (*allow, *deny)] + [label_problem(label) for label in named]
-    raise ValueError("; ".join([*problems, *(problem for problem in found if problem)]))
+    raise InvalidValueError("; ".join([*problems, *(problem for problem in found if problem)]))
 
 
 def _collected(problems: list[str], step: Callable[[], list[Any]]) -> list[Any]:
@@ -191,15 +191,15 @@ def _check_metadata(metadata: object) -> None:
     if metadata is None:
         return
     if not isinstance(metadata, Mapping):
-        raise ValueError(f"metadata must be an object, not {type(metadata).__name__}")
+        raise InvalidValueError(f"metadata must be an object, not {type(metadata).__name__}")
     if not all(isinstance(key, str) for key in metadata):
-        raise ValueError("metadata keys must be strings")
+        raise InvalidValueError("metadata keys must be strings")
     try:
         stored = metadata_json(metadata)
     except ValueError:
-        raise ValueError("metadata holds NaN or infinity, which JSON cannot carry") from None
+        raise InvalidValueError("metadata holds NaN or infinity, which JSON cannot carry") from None
     if len(stored.encode("utf-8")) > MAX_METADATA_BYTES:
-        raise ValueError(f"metadata is {len(stored.encode('utf-8'))} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
+        raise InvalidValueError(f"metadata is {len(stored.encode('utf-8'))} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
 
 
 def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:
@@ -207,23 +207,23 @@ def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:
     model are checked against the warehouse's when it is written); ValueError naming the fault."""
     if vector is None:
         if model is not None:
-            raise ValueError("model names the model that made a vector; give the record's vector too")
+            raise InvalidValueError("model names the model that made a vector; give the record's vector too")
         return None
     if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_CHARS:
-        raise ValueError(f"a vector needs model: the name of the model that made it (1 to {MAX_MODEL_CHARS} characters)")
+        raise InvalidValueError(f"a vector needs model: the name of the model that made it (1 to {MAX_MODEL_CHARS} characters)")
     if isinstance(vector, (str, bytes, Mapping)) or not hasattr(vector, "__len__") or not len(vector):  # type: ignore[arg-type]
-        raise ValueError("vector must be a non-empty list of numbers")
+        raise InvalidValueError("vector must be a non-empty list of numbers")
     numbers = list(vector)  # type: ignore[call-overload]
     if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
-        raise ValueError("vector must hold numbers only")
+        raise InvalidValueError("vector must hold numbers only")
     try:
         floats = tuple(float(n) for n in numbers)
     except OverflowError:
-        raise ValueError("vector holds a number too large for a float; pass finite numbers") from None
+        raise InvalidValueError("vector holds a number too large for a float; pass finite numbers") from None
     if not all(math.isfinite(n) for n in floats):
-        raise ValueError("vector holds NaN or infinity; pass finite numbers")
+        raise InvalidValueError("vector holds NaN or infinity; pass finite numbers")
     if not any(floats):
-        raise ValueError("vector is all zeros: it has no direction to rank by")
+        raise InvalidValueError("vector is all zeros: it has no direction to rank by")
     return floats
 
 

@@ -1,8 +1,8 @@
 """The resident serving index: one table's vectors and an HNSW graph (faiss) in this process's
 memory, derived from the warehouse at one table version.
 
-Why: through Lance's vector index a broad search costs 15 to 30 ms whatever it finds (per-query
-overhead); a graph in memory answers in about a millisecond. The warehouse stays the only state:
+Why: through Lance's vector index a broad search pays a per-query overhead whatever it finds; a
+graph in memory answers in a fraction of it (figures: ``docs/performance.md``, the constants table). The warehouse stays the only state:
 the index is built from the ``chunks`` table (or loaded from an artifact ``optimize`` wrote) at a
 known version, can be dropped and rebuilt at any time, and never decides what a caller may read.
 The visible set comes from the current version through the caller's compiled filter, as a bitmap
@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import InvalidValueError
 from ..stages import work
 from .hits import CONTENT_COLUMNS
 from .visible_rows import unit_vectors
@@ -32,19 +33,20 @@ from .visible_rows import unit_vectors
 HNSW_M = 32
 """Neighbours per node (faiss's HNSW32; the FAISS peer of ``make bench`` uses the same)."""
 EF_CONSTRUCTION = 160
-"""Candidates kept while linking a row into the graph. At 1M rows and 10% visible, 80 left rows no
-filtered walk reached (recall@10 0.985 whatever its ``efSearch``); 160 gave 1.000 and takes twice as
-long to build (469 s against 246 s on 2 cores)."""
+"""Candidates kept while linking a row into the graph: fewer left rows that no filtered walk reached,
+whatever its ``efSearch``, at a selective share of a large table; this many reached them all, at
+twice the build time."""
 EF_SEARCH = 256
-"""Candidates a search keeps at least; more for a caller who sees a smaller share (``ef_search``).
-Measured on the synthetic 100k world (recall@10 against exact): 50% visible 0.990 at 128, 1.000
-at 256 (0.45 ms); 10% visible 0.996 at 256, 1.000 at 512 (0.69 ms); 1% visible 0.42 even at 1,024."""
+"""Candidates a search keeps at least; more for a caller who sees a smaller share (``ef_search``):
+the least that gives exact recall@10 to a broad caller of the synthetic world. Below
+``GRAPH_MIN_SHARE`` no setting does, which is why such callers are scored exactly."""
 VISIBLE_CANDIDATES = 128
-"""Visible candidates a walk keeps (``ef_search``): 128 held recall@10 >= 0.99 on the test world,
-whose 10% caller's rows lie in a few small clusters, where 64 gave 0.94."""
+"""Visible candidates a walk keeps (``ef_search``): enough to hold recall@10 >= 0.99 for a caller
+whose rows lie in a few small clusters, where half as many did not."""
 GRAPH_MIN_SHARE = 0.1
 """Below this share of the index visible, the visible rows are all scored (in faiss, through the
-same bitmap): a filtered graph walk then visits mostly rows it may not return (10k rows: 2.4 ms)."""
+same bitmap): a filtered graph walk then visits mostly rows it may not return, and misses some it
+should."""
 ROW_OVERHEAD_BYTES = 96
 
 
@@ -139,7 +141,7 @@ class ResidentIndex:
     def loaded(cls, graph: faiss.Index, content: pa.Table, *, version: int) -> ResidentIndex:
         """From a stored graph and its rows (``CONTENT_COLUMNS`` and ``usable``, as ``stored_rows`` wrote them)."""
         if graph.ntotal != content.num_rows:
-            raise ValueError(f"the index holds {graph.ntotal} vectors for {content.num_rows} rows")
+            raise InvalidValueError(f"the index holds {graph.ntotal} vectors for {content.num_rows} rows")
         usable = np.asarray(content.column("usable").to_numpy(zero_copy_only=False), dtype=bool)
         return cls(version=version, content=content.select(CONTENT_COLUMNS).combine_chunks(), usable=usable, graph=graph)
 

@@ -22,12 +22,12 @@ from ..caches import LruCache
 from ..config import Settings
 from ..deadline import check_deadline
 from ..embedder import Embedder
-from ..errors import InvalidRequestError
-from ..group_commit import GroupCommit
+from ..errors import InvalidRequestError, InvalidValueError
 from ..governance.caller import Caller
 from ..governance.compiler import SubjectView, compile_filter, compile_prefilter
 from ..governance.policy import Decision, Policy
 from ..governance.visibility import check_row
+from ..group_commit import GroupCommit
 from ..stages import stage, work
 from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
 from ..state.store import IN_LIST_MAX_IDS
@@ -51,9 +51,9 @@ FLAT_SEARCH_MIN_ROWS = 500
 FLAT_SEARCH_SHARE = 0.02
 """Up to max(FLAT_SEARCH_MIN_ROWS, FLAT_SEARCH_SHARE x table rows) visible rows the planner scans
 them exactly; above, it searches the prefiltered vector index. Recall sets the threshold more than
-speed: at 1M rows and 1% visible (11,375 rows) the prefiltered IVF_HNSW_SQ index found a third of
-the true top-10 even with 300 of 1,000 partitions probed (all of them: 1.000 in 161 ms), while the
-flat scan is exact in 143 ms; at 10% visible the index is exact and 20x faster than the scan."""
+speed: for a selective caller the prefiltered index misses most of the true top-10 even with many
+partitions probed, while the flat scan is exact in about the same time; for a broad one the index
+is exact and much faster (figures: ``docs/performance.md``, the constants table)."""
 INDEX_NPROBES = 20
 PROBED_VISIBLE_ROWS = 1_000
 INDEX_REFINE_FACTOR = 10
@@ -122,8 +122,8 @@ class DecisionMemo:
 
     def verdicts(self, view: SubjectView, registry: Mapping[str, Sequence[str]], rows: pa.Table) -> np.ndarray:
         """Whether the post-check admits each of ``rows`` (a table holding the tag columns), each
-        distinct tagging decided once. Read column by column rather than as a dict per row: at 53k
-        rows that halves the cost (0.8 s against 1.7 s on 2 cores)."""
+        distinct tagging decided once. Read column by column rather than as a dict per row, which
+        builds no object per row."""
         decide = self.decider(view, registry)
         columns = [rows.column(name).to_pylist() for name in TAG_COLUMNS]
         decided: dict[tuple[Any, ...], bool] = {}
@@ -397,7 +397,7 @@ class Searcher:
         and ``hybrid`` need the ``reader`` whose visible rows their statistics count; with a
         ``narrowing`` the reader also names whose the matches are (without one, none is held)."""
         if mode != "vector" and reader is None:
-            raise ValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
+            raise InvalidValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
         version = self.store.chunks_version  # the request's freshness check, when one is pinned
         for _ in range(3):
             check_deadline()

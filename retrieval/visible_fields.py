@@ -21,6 +21,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import InvalidValueError
+
 FIELD_COLUMNS = ["chunk_id", "doc_id", "source_uri", "kind", "created_at", "metadata"]
 """What a filter can name, besides the id that names the row."""
 TEXT_COLUMNS = ("doc_id", "source_uri", "kind")
@@ -121,7 +123,7 @@ def _object(document: str | None) -> dict[str, Any]:
 
 
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise InvalidValueError(f"{name} is not JSON")
 
 
 def _field(positions: list[int], values: list[Any]) -> MetadataField:

@@ -1,8 +1,8 @@
 """Exact scans from memory: the rows a compiled filter admits, held per table version.
 
-A selective caller's rows lie scattered through the table, so reading them is random access: at
-1M rows, the 11,375 vectors of a 1% caller take about 115 ms to read and 1 ms to score, and
-reading the ten winners back takes longer than scoring them all. The flat plan keeps the rows it
+A selective caller's rows lie scattered through the table, so reading them is random access: it
+costs a hundred times more than scoring them, and reading the ten winners back takes longer than
+scoring them all (figures: ``docs/performance.md``, the constants table). The flat plan keeps the rows it
 scans (result columns and unit vectors) in memory under (filter text, table version). Any commit
 (ingest, a tag update, an erasure) moves the version, so a held set only ever answers for the
 exact state it was read from, and every row it returns is still post-checked by the enforcer.

@@ -1,7 +1,7 @@
 """The receipts' journal: each group commit of receipts durable before it is in the ``audit``
 table, then folded into the table in bulk.
 
-Why: a Lance commit costs 3 to 10 ms and leaves a table version, and a search answers only once
+Why: a Lance commit costs milliseconds and leaves a table version, and a search answers only once
 its receipt is durable. In a local folder a writer appends each group commit to its own segment,
 a file mapped into memory (``journal_segments``: no system call, nothing that waits for the
 interpreter lock); on object storage each group commit is one small Arrow IPC file, one PUT, a new
@@ -27,6 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyarrow import ipc
 
+from ..errors import InvalidValueError
 from .files import WarehouseFiles, warehouse_files
 from .journal_segments import SEGMENT_BYTES, JournalSegment, OpenSegment, decode, in_use, now_ms, to_table
 from .schema import AUDIT_SCHEMA
@@ -176,7 +177,7 @@ class ReceiptJournal:
             raise FileNotFoundError(file.name)
         table = ipc.open_file(pa.BufferReader(data)).read_all()
         if not table.schema.equals(AUDIT_SCHEMA, check_metadata=False):
-            raise ValueError(f"its schema is {table.schema}, not the receipts'")
+            raise InvalidValueError(f"its schema is {table.schema}, not the receipts'")
         return table.cast(AUDIT_SCHEMA)
 
     def _read_segment(self, file: JournalSegment) -> tuple[pa.Table, str | None]:

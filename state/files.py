@@ -63,7 +63,7 @@ class _LocalFiles:
     """Files in a local folder: written to a temporary name, then renamed into place, so a
     reader sees a whole file or none. Durable as Lance's own commits to a local folder are: in the
     operating system's hands once written (a killed process loses nothing; neither flushes to the
-    disk, which on this path costs about 5 ms of a search's time under load)."""
+    disk, which on this path would be a noticeable share of a search's time under load)."""
 
     def __init__(self, folder: Path) -> None:
         self._folder = folder

@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import InvalidValueError
 from ..governance.sql import sql_documents, sql_in_list, sql_list
 from .tables import conditional_merge
 
@@ -43,9 +44,9 @@ class ChunkWrite:
     def __post_init__(self) -> None:
         ids = [str(row["chunk_id"]) for row in self.rows]
         if len(ids) != len(set(ids)):
-            raise ValueError("a chunk write names a row twice")
+            raise InvalidValueError("a chunk write names a row twice")
         if set(ids) & set(self.delete):
-            raise ValueError("a chunk write both writes and deletes a row")
+            raise InvalidValueError("a chunk write both writes and deletes a row")
 
     @property
     def empty(self) -> bool:

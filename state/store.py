@@ -35,7 +35,6 @@ from .directory import DirectoryTable
 from .files import PURGE_MARKS, RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .freshness import SingleFlight, Versions
 from .history import EmptiedMark, drop_superseded_content, prune_records, versions_left
-from .lineage_spool import TableSpool
 from .indexing import (
     VECTOR_INDEX_MIN_ROWS,
     IndexReport,
@@ -45,6 +44,7 @@ from .indexing import (
     ensure_vector_index,
     has_vector_index,
 )
+from .lineage_spool import TableSpool
 from .schema import (
     API_KEYS,
     AUDIT,

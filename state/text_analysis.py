@@ -10,6 +10,8 @@ from typing import Any
 import lancedb
 from lancedb.index import FTS
 
+from ..errors import ConfigurationError
+
 ANALYZER: dict[str, Any] = {
     name: getattr(FTS(), name) for name in inspect.signature(lancedb.tokenize).parameters if name != "query"
 }
@@ -20,15 +22,15 @@ _SEPARATOR = "zqxragwardenzqx"
 _JOINER = f" {_SEPARATOR} "
 
 if ANALYZER["base_tokenizer"] not in ("simple", "whitespace"):  # pragma: no cover - a new LanceDB default
-    raise RuntimeError(f"lexical ranking splits text at spaces first, which {ANALYZER['base_tokenizer']!r} may not")
+    raise ConfigurationError(f"lexical ranking splits text at spaces first, which {ANALYZER['base_tokenizer']!r} may not")
 if [token.text for token in lancedb.tokenize(_SEPARATOR, **ANALYZER)] != [_SEPARATOR]:  # pragma: no cover
-    raise RuntimeError(f"the separator word {_SEPARATOR!r} is not a term of its own for LanceDB's analyser")
+    raise ConfigurationError(f"the separator word {_SEPARATOR!r} is not a term of its own for LanceDB's analyser")
 
 
 def terms_of_words(words: Sequence[str]) -> list[list[str]]:
     """LanceDB's analyser on each word (a run of text without spaces).
 
-    A call costs about 60 us besides its text, so words go many to a call, joined by a separator
+    A call has a fixed cost besides its text, so words go many to a call, joined by a separator
     word, and the terms are cut apart again at the separator's own term. The separator yields
     exactly one term and no word yields part of it (spaces bound both), so the cut is exact
     unless a word yields the separator's term itself: such a batch is analysed word by word."""

@@ -13,6 +13,7 @@ ANSWERS = [
     (errors.NotFoundError, 404, "not_found"),
     (errors.PayloadTooLargeError, 413, "payload_too_large"),
     (errors.InvalidRequestError, 422, "invalid_request"),
+    (errors.InvalidValueError, 422, "invalid_request"),
     (errors.InvalidSourceError, 422, "invalid_source"),
     (errors.PolicyError, 503, "policy_unavailable"),
     (errors.InvalidPolicyError, 503, "policy_unavailable"),
@@ -42,7 +43,8 @@ def test_an_instance_answers_as_its_class():
 
 @pytest.mark.parametrize(
     ("code", "cls"),
-    [(code, cls) for cls, _, code in ANSWERS if cls not in (errors.InvalidSourceError, errors.InvalidPolicyError)],
+    [(code, cls) for cls, _, code in ANSWERS
+     if cls not in (errors.InvalidSourceError, errors.InvalidPolicyError, errors.InvalidValueError)],
 )
 def test_error_of_gives_back_the_class_of_its_code(code, cls):
     error = errors.error_of(code, "what went wrong")
@@ -52,6 +54,12 @@ def test_error_of_gives_back_the_class_of_its_code(code, cls):
 def test_error_of_a_refused_source_is_an_invalid_request_and_of_an_unknown_code_a_plain_error():
     assert type(errors.error_of("invalid_source", "x.jsonl: no text")) is errors.InvalidRequestError
     assert type(errors.error_of("policy_unavailable", "reload")) is errors.PolicyError  # never the subclass, which wants a path
+    assert type(errors.error_of("invalid_request", "no acl")) is errors.InvalidRequestError  # the code's own class
+
+
+def test_a_malformed_value_is_both_an_invalid_request_and_a_value_error():
+    error = errors.InvalidValueError("unknown classification 'top'")
+    assert isinstance(error, errors.InvalidRequestError) and isinstance(error, ValueError)
     assert type(errors.error_of("no_such_code", "?")) is errors.RagwardenError
 
 

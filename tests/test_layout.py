@@ -108,6 +108,25 @@ def test_the_rules_hold_no_io():
     assert not offenders, offenders
 
 
+BUILTIN_ERRORS = ("ValueError", "RuntimeError", "Exception")
+
+
+def test_no_bare_builtin_error_reaches_a_caller():
+    """What ragwarden raises on purpose is a ``RagwardenError`` (a malformed value is an
+    ``InvalidValueError``, which is also a ``ValueError``), so one ``except`` catches it and the
+    HTTP layer answers it with its status, not a 500."""
+    offenders = []
+    for path in sorted(REPO.rglob("*.py")):
+        if path.relative_to(REPO).parts[0] in ("tests", "bench", ".venv", "build"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(raised, ast.Name) and raised.id in BUILTIN_ERRORS:
+                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno} raises {raised.id}")
+    assert not offenders, offenders
+
+
 def test_identity_stands_apart_from_the_face_and_the_interfaces_reach_storage_through_it():
     """``credentials.py`` imports neither the face nor the state layer (the face hands it the API
     keys); ``gate.py`` nothing of retrieval; ``api/`` and ``integrations/`` never reach past the

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import attr
 from openlineage.client.facet_v2 import RunFacet
 
+from ...errors import InvalidValueError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -103,7 +105,7 @@ def _non_negative(**counts: int) -> None:
 def _non_negative_counts(counts: Mapping[str, int]) -> None:
     for name, value in counts.items():
         if value < 0:
-            raise ValueError(f"{name} must be zero or more, not {value}")
+            raise InvalidValueError(f"{name} must be zero or more, not {value}")
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class Chunking:
 
     def __post_init__(self) -> None:
         if self.window < 1 or not 0 <= self.overlap < self.window:
-            raise ValueError(f"need window >= 1 and 0 <= overlap < window, got {self.window}/{self.overlap}")
+            raise InvalidValueError(f"need window >= 1 and 0 <= overlap < window, got {self.window}/{self.overlap}")
         _non_negative(chunk_count=self.chunk_count)
 
     def facet(self) -> RagwardenChunkingRunFacet:
@@ -133,7 +135,7 @@ class Embedding:
 
     def __post_init__(self) -> None:
         if self.dimension < 1:
-            raise ValueError(f"dimension must be at least 1, not {self.dimension}")
+            raise InvalidValueError(f"dimension must be at least 1, not {self.dimension}")
 
     def facet(self) -> RagwardenEmbeddingRunFacet:
         return RagwardenEmbeddingRunFacet(self.model, self.dimension, producer=PRODUCER)

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from ragwarden.errors import InvalidRequestError
 from ragwarden.governance.tags import (
     EVERYONE,
     MAX_NAME_LENGTH,
@@ -177,8 +178,9 @@ def test_tags_refuse_an_empty_clause_among_others() -> None:
 
 
 def test_tags_refuse_no_clauses_at_all() -> None:
-    with pytest.raises(ValueError, match="allows nobody"):
+    with pytest.raises(ValueError, match="allows nobody") as caught:
         GovernanceTags(tenant="acme", acl_clauses=())
+    assert isinstance(caught.value, InvalidRequestError), "a malformed tag is a ragwarden error a service answers 422"
 
 
 @pytest.mark.parametrize(

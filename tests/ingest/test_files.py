@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ragwarden.errors import InvalidSourceError
+from ragwarden.errors import InvalidRequestError, InvalidSourceError
 from ragwarden.governance.tags import Classification
 from ragwarden.ingest.files import iter_file_sources
 from ragwarden.ingest.pipeline import dedupe_ids, iter_sources
@@ -298,8 +298,9 @@ def test_posix_without_a_tenant_is_rejected(ungoverned_folder: Path) -> None:
 
 
 def test_an_unknown_acl_source_is_a_value_error(ungoverned_folder: Path) -> None:
-    with pytest.raises(ValueError, match="acl_from"):
+    with pytest.raises(ValueError, match="acl_from") as caught:
         iter_file_sources([ungoverned_folder], acl_from="ntfs")
+    assert isinstance(caught.value, InvalidRequestError), "a caller's bad argument is a ragwarden error"
 
 
 # --- walking ---------------------------------------------------------------------------------
