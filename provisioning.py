@@ -42,8 +42,7 @@ from .errors import PolicyError, RagwardenError
 from .governance.caller import Caller
 from .governance.provisioned import GROUP, USER
 from .governance.tags import group_named, group_problem, principal_problem, user_named
-from .state import DirectoryRow, DirectorySnapshot, DirectoryTable
-from .state.commit_retry import retrying_conflicts
+from .state import DirectoryRow, DirectorySnapshot, DirectoryTable, retrying_conflicts
 from .warehouse import Warehouse
 
 T = TypeVar("T")

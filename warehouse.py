@@ -83,22 +83,24 @@ class Warehouse:
             self._policy = PolicyInForce.from_file(settings.policy)
             self._policy.current()  # a bad file is refused at once, naming its line
         else:
-            self._policy = PolicyInForce(load=self._installed_policy, stamp=lambda: self.store.policies_version)
+            self._policy = PolicyInForce(load=self._installed_policy, stamp=lambda: self.store.policies.version)
         self._provisioned = ProvisionedPolicy(version=lambda: self.store.directory_version,
                                               rows_at=self.store.directory.governing_rows)  # fmt: skip
-        self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks_version,
+        self._gate = PermissionGate(audit=self.audit, policy=lambda: self.policy, table_version=lambda: self.store.chunks.version,
                                     fresh=self.store.pinned, read_deadline_seconds=settings.search_deadline_seconds)  # fmt: skip
-        self._searcher = Searcher(self.store, self.embedder, flat_cache_bytes=settings.flat_cache_bytes,
+        self._reads = self.store.read_doors()
+        self._writes = self.store.write_doors()
+        self._searcher = Searcher(self._reads, self.embedder, flat_cache_bytes=settings.flat_cache_bytes,
                                   resident_index_bytes=settings.resident_index_mb * 2**20)  # fmt: skip
-        self._lifecycle = Lifecycle(self.store, self.embedder)
+        self._lifecycle = Lifecycle(self._writes, self.embedder)
 
     def _check_embedding_model(self) -> None:
         """Record the embedder's model in a warehouse that has none recorded; refuse one whose
         vectors another model made, naming both (its queries would be embedded by the wrong model)."""
-        recorded, configured = self.store.embedding_model, self.embedder.model_id
+        recorded, configured = self.store.chunks.embedding_model, self.embedder.model_id
         if recorded is None:
             try:
-                self.store.record_embedding_model(configured)
+                self.store.chunks.record_embedding_model(configured)
             except WarehouseError as exc:  # read-only storage: serve; a writer records it
                 log.warning("could not record the embedding model in %s: %s", self.settings.warehouse, exc)
         elif recorded != configured:
@@ -123,14 +125,14 @@ class Warehouse:
         """Every tenant the warehouse holds documents of or its policy names (for the receipts of
         an operator's run over all of them)."""
         policy = self.policy
-        return {t: () for t in {*self.store.tenants(), *(policy.tenants if policy else ())}}
+        return {t: () for t in {*self.store.sources.tenants(), *(policy.tenants if policy else ())}}
 
     def _optimize(self) -> dict[str, Any]:
-        report = self.store.optimize()
+        report = self.store.maintenance.optimize()
         done: dict[str, Any] = {"rows": report.rows, "vector_index": report.vector_index, "serving_index": None}
         fits = resident_bytes(report.rows, self.store.dimension) <= self.settings.resident_index_mb * 2**20
-        if self.store.has_vector_index() and fits:
-            stored = store_artifact(self.store)
+        if self.store.chunks.has_vector_index() and fits:
+            stored = store_artifact(self._reads)
             if stored is not None:
                 done["serving_index"] = {"version": stored.version, "rows": stored.rows, "bytes": stored.nbytes}
         return done
@@ -146,7 +148,7 @@ class Warehouse:
     @property
     def table_version(self) -> int:
         """The ``chunks`` table's version this request reads (what hits and ``/readyz`` name)."""
-        return self.store.chunks_version
+        return self.store.chunks.version
 
     @property
     def api_keys(self) -> ApiKeys:
@@ -190,7 +192,7 @@ class Warehouse:
         return result
 
     def _chunks_output(self, rows: int, **facets: Any) -> ChunksOutput:
-        return ChunksOutput(version=self.store.chunks_version, schema=self.store.chunks_schema, rows=rows, **facets)
+        return ChunksOutput(version=self.store.chunks.version, schema=self.store.chunks.schema, rows=rows, **facets)
 
     @property
     def _embedding(self) -> Embedding:
@@ -216,7 +218,7 @@ class Warehouse:
         return self._policy.public_problem
 
     def _installed_policy(self) -> Policy | None:
-        installed = self.store.installed_policy()
+        installed = self.store.policies.installed()
         if installed is None:
             return None
         return Policy.from_text(installed.text, source=f"{self.uri} (policy {installed.version})")
@@ -229,7 +231,7 @@ class Warehouse:
         def install(_: Permission) -> Policy:
             policy = Policy.from_file(path)
             self._provisioned.require_combining(policy)  # refused if it cannot combine with what was provisioned
-            self.store.install_policy(policy)
+            self.store.policies.install(policy)
             return policy
 
         return self._gate.run(
@@ -279,7 +281,7 @@ class Warehouse:
                 raise refused_line(exc) from None
             except PolicyError as exc:
                 raise InvalidRequestError(str(exc)) from None
-            self.store.install_policy(policy)
+            self.store.policies.install(policy)
             return policy
 
         return self._gate.run(
@@ -380,7 +382,7 @@ class Warehouse:
         def ingest() -> IngestReport:
             return run_ingest(
                 outcomes,
-                store=self.store,
+                doors=self._writes,
                 embedder=self.embedder,
                 overlap=self.settings.chunk_overlap,
                 batch_docs=self.settings.write_batch_docs,
@@ -397,7 +399,7 @@ class Warehouse:
                 overlap=self.settings.chunk_overlap,
                 chunk_count=report.chunks,
             )
-            governance = GovernanceSummary.of(self.store.source_tags(report.written_documents), documents=report.documents)
+            governance = GovernanceSummary.of(self.store.sources.tags(report.written_documents), documents=report.documents)
             return self._chunks_output(report.chunks, chunking=chunking, embedding=self._embedding, governance=governance)
 
         return self._tracked("ingest", sources, ingest, output)
@@ -442,7 +444,7 @@ class Warehouse:
         """
         who = _required(caller, subject, tenant, actor, Operation.SEARCH)
         require_reader(who)
-        self.store.require_version(min_version)
+        self.store.chunks.require_version(min_version)
         collapse = Collapse(group_by=group_by, per_group=per_group, distinct=distinct)  # type: ignore[arg-type] - checked there
         narrow = narrowing(filter, self.settings.filter_limits)
         if vector is not None and vector_model is not None and vector_model != self.embedder.model_id:
@@ -594,7 +596,7 @@ class Warehouse:
                 lambda report: self._chunks_output(
                     report.chunks + report.derived,
                     governance=GovernanceSummary.of(
-                        self.store.source_tags(report.keys), documents=len(report.documents), derived_rows=report.derived
+                        self.store.sources.tags(report.keys), documents=len(report.documents), derived_rows=report.derived
                     ),
                 ),
             )
@@ -654,11 +656,11 @@ class Warehouse:
     def _erasure(self, item_id: str, tenant: str | None, reason: str) -> Callable[[], ForgetReport]:
         """How to erase ``item_id`` within ``tenant`` (None: the operator, any tenant): as a
         document if one of that id is there, else as a derived row; missing reads as not found."""
-        holders = self.store.document_tenants(item_id)
+        holders = self.store.sources.document_tenants(item_id)
         if (tenant is None and holders) or tenant in holders:
             owner = self._tenant_of_document(item_id, tenant, holders)
             return lambda: self._lifecycle.forget(item_id, tenant=owner, reason=reason)
-        row_tenant = self.store.row_tenant(item_id)
+        row_tenant = self.store.chunks.row_tenant(item_id)
         if row_tenant is not None and tenant in (None, row_tenant):
             return lambda: self._lifecycle.forget_row(item_id, tenant=row_tenant, reason=reason)
         raise NotFoundError(f"document or derived row {item_id!r} not found")
@@ -690,14 +692,14 @@ class Warehouse:
             if policy is None:
                 return not_visible(chunk_id, subject, where)
             if permission.auditor:  # an auditor may see any row of its tenant, and why it is refused
-                row = self.store.rows([chunk_id]).get(chunk_id)
+                row = self.store.chunks.rows([chunk_id]).get(chunk_id)
             else:  # asking about itself: the row is looked for among those it may read, and only there
-                found = self._searcher.visible_row(chunk_id, self._searcher.view(policy, who), self.store.registries(),
+                found = self._searcher.visible_row(chunk_id, self._searcher.view(policy, who), self.store.registries.current(),
                                                    RESULT_COLUMNS)  # fmt: skip
                 row = found[0] if found is not None else None
             if row is None or row["tenant"] != where:  # another tenant's row reads as a missing one
                 return not_visible(chunk_id, subject, where)
-            explanation = explain_row(policy, subject, where, row, self.store.clause_registry())
+            explanation = explain_row(policy, subject, where, row, self.store.registries.clauses())
             return explanation if explanation.allowed or permission.auditor else not_visible(chunk_id, subject, where)
 
         return self._gate.run(
@@ -723,7 +725,7 @@ class Warehouse:
 
         def review(permission: Permission) -> AccessReview:
             assert permission.policy is not None  # the gate refuses a review without a policy
-            return access_review(self.store, self._searcher, self._searcher.view(permission.policy, about))
+            return access_review(self._reads, self._searcher, self._searcher.view(permission.policy, about))
 
         return self._gate.run(
             Operation.AUDIT,
@@ -741,7 +743,7 @@ class Warehouse:
             Operation.AUDIT,
             who,
             Need.AUDIT,
-            lambda _: inventory(self.store, label, who.tenant),
+            lambda _: inventory(self._reads, label, who.tenant),
             lambda found: {"reason": f"inventory of label {label!r}: {len(found)} sources", "doc_ids": tuple(found)},
         )
 
@@ -756,7 +758,7 @@ class Warehouse:
         def review(permission: Permission) -> Readers:
             policy = self.policy  # in force, as the gate read it, without the asker's own token claims
             assert policy is not None  # the gate refuses a review without a policy
-            return readers(self.store, policy, who.tenant, doc_id=doc_id, label=label)
+            return readers(self._reads, policy, who.tenant, doc_id=doc_id, label=label)
 
         return self._gate.run(
             Operation.AUDIT,
@@ -789,7 +791,7 @@ class Warehouse:
             Operation.AUDIT,
             who,
             Need.AUDIT,
-            lambda permission: vocabulary(self.store, permission.policy, who.tenant),
+            lambda permission: vocabulary(self._reads, permission.policy, who.tenant),
             lambda found: {"reason": f"vocabulary: {len(found.labels)} labels, {len(found.subjects)} subjects, "
                                      f"{len(found.documents)} documents"},
         )  # fmt: skip
@@ -817,7 +819,7 @@ class Warehouse:
         Raises when none does, or several do."""
         if tenant is not None:
             return tenant
-        holders = self.store.document_tenants(doc_id) if holders is None else holders
+        holders = self.store.sources.document_tenants(doc_id) if holders is None else holders
         if not holders:
             raise NotFoundError(f"document {doc_id!r} not found")
         if len(holders) > 1:
@@ -840,11 +842,11 @@ class Warehouse:
             owner: str | None = self._tenant_of_document(item_id, tenant)
         except NotFoundError:
             owner = None
-        chunk_ids = self.store.chunk_ids_of(item_id, owner) if owner is not None else []
-        source = self.store.source_states([(owner, item_id)]).get((owner, item_id)) if owner is not None else None
+        chunk_ids = self.store.chunks.chunk_ids_of(item_id, owner) if owner is not None else []
+        source = self.store.sources.states([(owner, item_id)]).get((owner, item_id)) if owner is not None else None
         scope = owner
         if not chunk_ids and source is None:
-            row = self.store.rows([item_id]).get(item_id)
+            row = self.store.chunks.rows([item_id]).get(item_id)
             if row is not None and tenant in (None, row["tenant"]):
                 chunk_ids, scope = [item_id], row["tenant"]
         tombstones = [
@@ -853,12 +855,12 @@ class Warehouse:
         if not chunk_ids and source is None and not tombstones:
             raise NotFoundError(f"no document or row {item_id!r}")
         scope = scope or tenant or tombstones[0].tenant
-        derived = self.store.derived_from(chunk_ids)
+        derived = self.store.chunks.derived_from(chunk_ids)
         erased = {i for r in tombstones for part in ("chunks", "derived") for i in r.details.get("tombstone", {}).get("erased", {}).get(part, [])}
         touched = {*chunk_ids, *derived, *erased}
         found = {r.receipt_id: r for r in self.audit.query(any_chunk_ids=touched, tenant=scope)}
         found.update((r.receipt_id, r) for r in self.audit.query(doc_id=item_id, tenant=scope))
-        tagged = self.store.rows([*chunk_ids, *derived], ["chunk_id", "labels", "classification"])
+        tagged = self.store.chunks.rows([*chunk_ids, *derived], ["chunk_id", "labels", "classification"])
         return {
             "source": None if source is None else {"doc_id": source.doc_id, "tenant": source.tenant, "version": source.doc_version},
             "chunks": chunk_ids,

@@ -51,8 +51,8 @@ def build(folder: Path, rows: int, *, seed: int = 17) -> HiddenWorld:
         texts.append(f"{team} salary review, band {i % 12}: row {generated.rows.ids[i]}")
     store = Store(str(folder), dimension=world.DIMENSION)
     world.append_rows(store, generated.rows, metadata=metadata, texts=texts)
-    store.install_policy(policy)
-    store.optimize()
+    store.policies.install(policy)
+    store.maintenance.optimize()
     return HiddenWorld(folder=folder, reader=reader, other=other, tenant=world.TENANT, rows=rows,
                        readable=sum(readable), highest_hidden_salary=max(HIDDEN_SALARIES))  # fmt: skip
 

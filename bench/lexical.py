@@ -65,9 +65,9 @@ def text_world(size: int, folder: Path, data: Path) -> World:
     ready = folder / "READY"
     if not ready.exists():
         store = write_warehouse(world, folder)
-        schema = pa.schema([store.chunks_schema.field(name) for name in ("chunk_id", "text")])
-        store.replace_columns(pa.table({"chunk_id": world.rows.ids, "text": chunk_texts(data, size)}, schema=schema))
-        store.optimize()
+        schema = pa.schema([store.chunks.schema.field(name) for name in ("chunk_id", "text")])
+        store.chunks.replace_columns(pa.table({"chunk_id": world.rows.ids, "text": chunk_texts(data, size)}, schema=schema))
+        store.maintenance.optimize()
         ready.write_text("built\n", encoding="utf-8")
     return world
 

@@ -119,9 +119,9 @@ class RagwardenSystems:
         started = time.perf_counter()
         store = write_warehouse(world, folder)
         self.write_seconds = time.perf_counter() - started
-        self.index_report = store.optimize()
+        self.index_report = store.maintenance.optimize()
         started = time.perf_counter()
-        stored = store_artifact(store) if store.has_vector_index() else None
+        stored = store_artifact(store.read_doors()) if store.chunks.has_vector_index() else None
         self.serving_build_seconds = time.perf_counter() - started if stored is not None else None
         self.warehouse = Warehouse(Settings(warehouse=str(folder)), embedder=None)  # type: ignore[arg-type]
         self.store = self.warehouse.store
@@ -151,14 +151,14 @@ class RagwardenSystems:
         """A searcher that always takes one plan ("flat", "index": Lance's vector index, or
         "resident": the serving index), to measure the crossover."""
         if plan == "resident":
-            searcher = Searcher(self.store, None, flat_max_rows=-1, resident_index_bytes=2**40)  # type: ignore[arg-type]
+            searcher = Searcher(self.store.read_doors(), None, flat_max_rows=-1, resident_index_bytes=2**40)  # type: ignore[arg-type]
             searcher.serving.build_now()
             return searcher
-        return Searcher(self.store, None, flat_max_rows=10**12 if plan == "flat" else -1)  # type: ignore[arg-type]
+        return Searcher(self.store.read_doors(), None, flat_max_rows=10**12 if plan == "flat" else -1)  # type: ignore[arg-type]
 
     def _unfiltered(self, q: np.ndarray, limit: int, columns: list[str]) -> list[dict[str, Any]]:
-        indexed = self.store.has_vector_index()
-        return self.store.nearest(q, where=None, limit=limit, columns=columns, exact=not indexed,
+        indexed = self.store.chunks.has_vector_index()
+        return self.store.chunks.nearest(q, where=None, limit=limit, columns=columns, exact=not indexed,
                                   nprobes=INDEX_NPROBES, refine_factor=INDEX_REFINE_FACTOR)  # fmt: skip
 
     def unfiltered(self) -> Callable[[np.ndarray], list[str]]:
@@ -169,7 +169,7 @@ class RagwardenSystems:
         columns = RESULT_COLUMNS
 
         def search(q: np.ndarray) -> list[str]:
-            registry = self.store.clause_registry()
+            registry = self.store.registries.clauses()
             rows = self._unfiltered(q, K * factor, columns)
             kept = [r["chunk_id"] for r in rows if check_row(self.policy, subject, TENANT, r, registry).allowed]
             return kept[:K]
@@ -192,7 +192,7 @@ class RagwardenSystems:
         for q in qs:
             t0 = time.perf_counter()
             with self.store.pinned():
-                registries = self.store.registries()
+                registries = self.store.registries.current()
                 t1 = time.perf_counter()
                 where = self.searcher.prefilter(view, registries)
                 t2 = time.perf_counter()
@@ -285,7 +285,7 @@ def run_world(
 
     if rw is not None:
         run_system("ragwarden", lambda s, c, m: rw.governed(s))
-        if rw.store.has_vector_index():
+        if rw.store.chunks.has_vector_index():
             for plan in ("flat", "index", "resident"):
                 searcher = rw.forced(plan)
                 run_system(f"ragwarden {plan} only", lambda s, c, m, searcher=searcher: rw.governed(s, searcher))
@@ -365,7 +365,7 @@ def appended_rows_found(rw: RagwardenSystems, world: World) -> dict[str, Any]:
         found += bool(hits) and hits[0].chunk_id == chunk_id
         leaked += any(h.chunk_id.startswith("appended-") for h in
                       rw.warehouse.search("appended", subject=outsider, tenant=TENANT, k=K, vector=vector))  # fmt: skip
-    return {"appended": count, "found_first": found, "leaked": leaked, "indexed": rw.store.has_vector_index()}
+    return {"appended": count, "found_first": found, "leaked": leaked, "indexed": rw.store.chunks.has_vector_index()}
 
 
 def compile_times(lines_list: tuple[int, ...] = (1_000, 10_000, 100_000)) -> dict[str, dict[str, float]]:

@@ -228,8 +228,8 @@ def _readable(warehouse: Warehouse, sub: str, tenant: str) -> frozenset[str]:
     scan (no compiled filter, no index: not the path the service searches by)."""
     policy = warehouse.policy
     assert policy is not None
-    registry = warehouse.store.clause_registry()
-    rows = warehouse.store.rows_where("tenant IS NOT NULL", [*TAG_COLUMNS, "chunk_id"])
+    registry = warehouse.store.registries.clauses()
+    rows = warehouse.store.chunks.rows_where("tenant IS NOT NULL", [*TAG_COLUMNS, "chunk_id"])
     return frozenset(row["chunk_id"] for row in rows if check_row(policy, f"user:{sub}", tenant, row, registry).allowed)
 
 
@@ -238,7 +238,7 @@ def _matching(warehouse: Warehouse, narrow: dict[str, Any] | None) -> frozenset[
     compiled = narrowing(narrow)
     if compiled is None:
         return None
-    return frozenset(row["chunk_id"] for row in warehouse.store.rows_where(compiled.sql, ["chunk_id"]))
+    return frozenset(row["chunk_id"] for row in warehouse.store.chunks.rows_where(compiled.sql, ["chunk_id"]))
 
 
 def _drive(
@@ -334,7 +334,7 @@ def run(
             matching = _matching(warehouse, narrow)
             readable = readable if matching is None else readable & matching
             for count in clients:
-                before = (warehouse.audit.count(), _commits(folder), warehouse.store.latest_chunks_version())
+                before = (warehouse.audit.count(), _commits(folder), warehouse.store.chunks.latest_version())
                 with _Ingest(folder, data, records, ingest_nice) if ingest else contextlib.nullcontext() as running:
                     found = _drive(urls, sub, tenant, count, seconds, readable, narrow, warmup)
                 receipts = warehouse.audit.count() - before[0]
@@ -342,7 +342,7 @@ def run(
                 ingested = running.documents / running.seconds if running is not None else 0.0
                 cells.append(Cell(corpus=corpus, caller=caller, clients=count, replicas=replicas, **found,
                                   readable=len(readable), ingested_docs_per_s=round(ingested, 1),
-                                  chunk_commits=warehouse.store.latest_chunks_version() - before[2],
+                                  chunk_commits=warehouse.store.chunks.latest_version() - before[2],
                                   audit_versions_per_receipt=commits / max(1, receipts)))  # fmt: skip
                 print(_line(cells[-1]), flush=True)
     finally:
@@ -354,7 +354,7 @@ def run(
     verified = warehouse.audit.verify(checkpoint=False)  # every replica's chain, one log
     verify_seconds = time.perf_counter() - began
     size_before, kept_before = _audit_size(folder), _versions_kept(folder)
-    warehouse.store.optimize()
+    warehouse.store.maintenance.optimize()
     live = warehouse.store.audit_table("").data_bytes()
     checks = []
     for _ in range(200):  # one freshness check (four table versions), as each read operation takes

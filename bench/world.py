@@ -213,7 +213,7 @@ def write_warehouse(world: World, folder: Path, *, extra: BenchRows | None = Non
     registry and its policy, in ``folder``."""
     store = Store(str(folder), dimension=DIMENSION)
     append_rows(store, world.rows)
-    store.install_policy(Policy.from_text(world.policy_text, source="bench world"))
+    store.policies.install(Policy.from_text(world.policy_text, source="bench world"))
     return store
 
 
@@ -228,9 +228,9 @@ def append_rows(
     False writes them as a writer racing the label registry would); ``metadata`` (JSON texts) and
     ``texts``, one per row, replace the default ones."""
     tokens = [clause_token(allow) for allow in rows.acl_allow]
-    store.register_clauses({token: allow for token, allow in zip(tokens, rows.acl_allow, strict=True)})
+    store.registries.register_clauses({token: allow for token, allow in zip(tokens, rows.acl_allow, strict=True)})
     if register_labels:
-        store.register_labels(label for labels in rows.labels for label in labels)
+        store.registries.register_labels(label for labels in rows.labels for label in labels)
     schema = chunks_schema(DIMENSION)
     now = datetime.now(UTC)
     n = len(rows.ids)
@@ -261,4 +261,4 @@ def append_rows(
             "metadata": metadata[start:end] if metadata is not None
             else [f'{{"bucket": {row % METADATA_BUCKETS}}}' for row in range(start, end)],
         }
-        store.load_rows(pa.table(columns, schema=schema))
+        store.chunks.load_rows(pa.table(columns, schema=schema))

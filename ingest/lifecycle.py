@@ -19,8 +19,7 @@ from ..errors import InvalidRequestError, InvalidSourceError, InvalidValueError,
 from ..governance.compiler import SubjectView
 from ..governance.propagation import propagate
 from ..governance.tags import GovernanceTags
-from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
-from ..state.schema import row_metadata
+from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, WriteDoors, row_metadata
 from .records import MAX_ID_LENGTH, MAX_METADATA_BYTES, RECORD_FIELDS, parse_tags
 
 DERIVED_KINDS = ("summary", "note", "memory")
@@ -119,10 +118,10 @@ def lineage_metadata(parents: Sequence[Mapping[str, Any]]) -> str:
 
 
 class Lifecycle:
-    """derive, sync and forget over one store."""
+    """derive, sync and forget over one warehouse's chunks and source records."""
 
-    def __init__(self, store: Store, embedder: Embedder) -> None:
-        self.store = store
+    def __init__(self, doors: WriteDoors, embedder: Embedder) -> None:
+        self.doors = doors
         self.embedder = embedder
 
     # -- derive -------------------------------------------------------------------------------
@@ -155,13 +154,13 @@ class Lifecycle:
 
         def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, GovernanceTags]:
             rows = snapshot.rows(wanted)
-            registry = self.store.clause_registry()
+            registry = self.doors.registries.clauses()
             for parent in parents:
                 row = rows.get(parent)
                 if reader is None or row is None or not reader.check(row, registry).allowed:
                     raise NotFoundError(f"chunk {parent!r} not found")
             tags = propagate([GovernanceTags.from_row(rows[p], registry) for p in wanted])
-            self.store.register_clauses(tags.clauses_by_token)
+            self.doors.registries.register_clauses(tags.clauses_by_token)
             row = {
                 "chunk_id": chunk_id,
                 "doc_id": chunk_id,
@@ -182,7 +181,7 @@ class Lifecycle:
             # or went since they were read, and the row is derived again from what they are now.
             return ChunkWrite(rows=[row, *(rows[p] for p in wanted)]), tags
 
-        tags, version = self.store.write_chunks(plan, what="deriving a row")
+        tags, version = self.doors.chunks.write(plan, what="deriving a row")
         return DerivedRow(chunk_id=chunk_id, kind=kind, parents=tuple(wanted), tags=tags, table_version=version)
 
     # -- sync ---------------------------------------------------------------------------------
@@ -193,12 +192,12 @@ class Lifecycle:
         Vectors and text are not touched; the next search sees the new tags on every row.
         """
         changes = [_sync_change(record, f"record {n}") for n, record in enumerate(records, start=1)]
-        states = self.store.source_states((tags.tenant, doc_id) for doc_id, tags in changes)
+        states = self.doors.sources.states((tags.tenant, doc_id) for doc_id, tags in changes)
         for doc_id, tags in changes:
             if (tags.tenant, doc_id) not in states:
                 raise NotFoundError(f"document {doc_id!r} not found in tenant {tags.tenant!r}")
         for _, tags in changes:
-            self.store.register_clauses(tags.clauses_by_token)
+            self.doors.registries.register_clauses(tags.clauses_by_token)
         new_tags = {(tags.tenant, doc_id): tags.row_columns() for doc_id, tags in changes}
 
         def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[int, int]]:
@@ -206,13 +205,13 @@ class Lifecycle:
             updated = {
                 chunk_id: {**row, **new_tags[(row["tenant"], row["doc_id"])]} for chunk_id, row in stored.items()
             }
-            lineage = rederive(snapshot, self.store.clause_registry(), updated)
+            lineage = rederive(snapshot, self.doors.registries.clauses(), updated)
             write = ChunkWrite(rows=[*updated.values(), *lineage.rows], delete=lineage.orphans)
             return write, (len(updated), len(lineage.derived))
 
-        (chunks, derived), version = self.store.write_chunks(plan, what="re-tagging documents")
+        (chunks, derived), version = self.doors.chunks.write(plan, what="re-tagging documents")
         sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
-        self.store.record_sources(sources, chunks_version=version)
+        self.doors.sources.record(sources, chunks_version=version)
         return SyncReport(
             keys=tuple((tags.tenant, doc_id) for doc_id, tags in changes),
             chunks=chunks,
@@ -225,7 +224,7 @@ class Lifecycle:
     def forget(self, doc_id: str, *, tenant: str, reason: str) -> ForgetReport:
         """Erase a source of ``tenant`` and everything derived from it, then purge old versions
         and index files."""
-        if not self.store.chunk_ids_of(doc_id, tenant) and not self.store.source_states([(tenant, doc_id)]):
+        if not self.doors.chunks.chunk_ids_of(doc_id, tenant) and not self.doors.sources.states([(tenant, doc_id)]):
             raise NotFoundError(f"document {doc_id!r} not found")
 
         def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[list[str], list[str]]]:
@@ -233,8 +232,8 @@ class Lifecycle:
             derived = sorted(snapshot.derived_from(chunk_ids))
             return ChunkWrite(delete=[*chunk_ids, *derived]), (chunk_ids, derived)
 
-        (chunks, derived), version = self.store.write_chunks(plan, what="erasing a document")
-        self.store.forget_source((tenant, doc_id), chunks_version=version)
+        (chunks, derived), version = self.doors.chunks.write(plan, what="erasing a document")
+        self.doors.sources.forget((tenant, doc_id), chunks_version=version)
         return self._purged(doc_id, tenant, reason, chunks, derived, version)
 
     def forget_row(self, chunk_id: str, *, tenant: str, reason: str) -> ForgetReport:
@@ -249,13 +248,13 @@ class Lifecycle:
             doomed = [chunk_id, *sorted(snapshot.derived_from([chunk_id]))]
             return ChunkWrite(delete=doomed), doomed
 
-        derived, version = self.store.write_chunks(plan, what="erasing a derived row")
+        derived, version = self.doors.chunks.write(plan, what="erasing a derived row")
         return self._purged(chunk_id, tenant, reason, [], derived, version)
 
     def _purged(
         self, item_id: str, tenant: str, reason: str, chunks: Sequence[str], derived: Sequence[str], version: int
     ) -> ForgetReport:
-        purged = self.store.purge_history()
+        purged = self.doors.maintenance.purge_history()
         return ForgetReport(
             item_id=item_id,
             tenant=tenant,
@@ -264,7 +263,7 @@ class Lifecycle:
             erased_derived=tuple(derived),
             table_version=version,
             versions_purged=purged,
-            versions_left=self.store.versions_left(),
+            versions_left=self.doors.maintenance.versions_left(),
         )
 
 

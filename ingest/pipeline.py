@@ -15,7 +15,7 @@ from typing import Protocol
 from tqdm import tqdm
 
 from ..embedder import Embedder
-from ..state import Store
+from ..state import WriteDoors
 from .files import RECORD_SUFFIXES, distinct_inputs, iter_file_sources, walk_documents
 from .records import Outcome, Rejected, Skipped, SourceRecord, open_jsonl, read_jsonl
 from .writer import BatchResult, DocumentWriter
@@ -220,7 +220,7 @@ def brought_vectors(
 def run_ingest(
     outcomes: Iterable[Outcome],
     *,
-    store: Store,
+    doors: WriteDoors,
     embedder: Embedder,
     overlap: int,
     batch_docs: int,
@@ -240,7 +240,7 @@ def run_ingest(
     """
     started = time.perf_counter()
     run_id = str(uuid.uuid4())
-    writer = DocumentWriter(store, embedder, overlap=overlap, run_id=run_id)
+    writer = DocumentWriter(doors, embedder, overlap=overlap, run_id=run_id)
     skipped: list[Skipped] = []
     rejected: list[Rejected] = []
     written: list[tuple[str, str]] = []
@@ -271,7 +271,7 @@ def run_ingest(
         window.clear()
 
     with bar:
-        checked = brought_vectors(outcomes, model=embedder.model_id, dimension=store.dimension, engine=engine)
+        checked = brought_vectors(outcomes, model=embedder.model_id, dimension=doors.chunks.dimension, engine=engine)
         for outcome in dedupe_ids(checked):
             if isinstance(outcome, Skipped):
                 skipped.append(outcome)
@@ -285,7 +285,7 @@ def run_ingest(
                     flush()
         flush(final=True)
     if written:
-        store.optimize(batched=True)
+        doors.maintenance.optimize(batched=True)
     return IngestReport(
         run_id=run_id,
         written_documents=tuple(written),

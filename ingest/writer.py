@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..embedder import Embedder
-from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Store
-from ..state.commit_retry import is_missing_file
+from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, WriteDoors, is_missing_file
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
 from .records import SourceRecord, document_version
@@ -78,8 +77,8 @@ class BatchPlan:
 class DocumentWriter:
     """Writes batches of validated source records into one warehouse."""
 
-    def __init__(self, store: Store, embedder: Embedder, *, overlap: int, run_id: str) -> None:
-        self.store = store
+    def __init__(self, doors: WriteDoors, embedder: Embedder, *, overlap: int, run_id: str) -> None:
+        self.doors = doors
         self.embedder = embedder
         self.overlap = overlap
         self.run_id = run_id
@@ -125,7 +124,7 @@ class DocumentWriter:
                 r.text, tenant=r.tags.tenant, doc_id=r.doc_id, tokenizer=tokenizer, window=window, overlap=self.overlap))
             for r in plan.changed
         ]  # fmt: skip
-        plan.vectors = self.store.vectors_of(cid for r, chunks in plan.chunked if r.vector is None for _, cid in chunks)
+        plan.vectors = self.doors.chunks.vectors_of(cid for r, chunks in plan.chunked if r.vector is None for _, cid in chunks)
         plan.vectors |= {chunks[0][1]: list(r.vector) for r, chunks in plan.chunked if r.vector is not None}
         plan.to_embed = {
             cid: chunk.text for _, chunks in plan.chunked for chunk, cid in chunks if cid not in plan.vectors
@@ -134,9 +133,9 @@ class DocumentWriter:
 
     def decide(self, records: Sequence[SourceRecord]) -> BatchPlan:
         """Which records of one batch changed (and will be written) and which are unchanged."""
-        states = self.store.source_states(r.key for r in records)
+        states = self.doors.sources.states(r.key for r in records)
         brought = {r.key: whole_document(r)[0][1] for r in records if r.vector is not None}  # its one chunk id
-        stored = self.store.vectors_of(brought.values()) if brought else {}
+        stored = self.doors.chunks.vectors_of(brought.values()) if brought else {}
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
         for record in records:
@@ -175,7 +174,7 @@ class DocumentWriter:
             for chunk, cid in chunks
         ]
         source_rows = [self._source_row(record, len(chunks), now) for record, chunks in plan.chunked]
-        self.store.register_clauses({t: c for r in plan.changed for t, c in r.tags.clauses_by_token.items()})
+        self.doors.registries.register_clauses({t: c for r in plan.changed for t, c in r.tags.clauses_by_token.items()})
         keys = [r.key for r in plan.changed]
         new_rows = {str(row["chunk_id"]): row for row in chunk_rows}
 
@@ -184,14 +183,14 @@ class DocumentWriter:
             that adds the new ones, and rows derived from them are re-tagged (or, when their parent
             chunk goes, removed) in it too, all read from the snapshot the commit is made on."""
             old_ids = snapshot.chunk_ids_of_documents(keys)
-            lineage = rederive(snapshot, self.store.clause_registry(), {cid: new_rows.get(cid) for cid in old_ids})
+            lineage = rederive(snapshot, self.doors.registries.clauses(), {cid: new_rows.get(cid) for cid in old_ids})
             gone = [cid for cid in old_ids if cid not in new_rows]
             return ChunkWrite(rows=[*chunk_rows, *lineage.rows], delete=[*gone, *lineage.orphans]), snapshot.version
 
-        planned, version = self.store.write_chunks(replace, what="writing documents")
+        planned, version = self.doors.chunks.write(replace, what="writing documents")
         if version > planned + 1:  # other commits landed between this plan and its commit
             self._drop_strays(keys, new_rows.keys(), version)
-        self.store.record_sources(source_rows, chunks_version=version)
+        self.doors.sources.record(source_rows, chunks_version=version)
         return BatchResult(written=keys, unchanged=plan.unchanged, chunks=len(chunk_rows))
 
     def _drop_strays(self, keys: Sequence[DocumentKey], written: Collection[str], version: int) -> None:
@@ -206,7 +205,7 @@ class DocumentWriter:
         that later one: a lone writer never pays this read.
         """
         try:
-            strays = set(self.store.snapshot(version).chunk_ids_of_documents(keys)) - set(written)
+            strays = set(self.doors.chunks.snapshot(version).chunk_ids_of_documents(keys)) - set(written)
         except Exception as exc:
             if not is_missing_file(exc):
                 raise
@@ -216,10 +215,10 @@ class DocumentWriter:
 
         def drop(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, None]:
             present = sorted(strays.intersection(snapshot.chunk_ids_of_documents(keys)))
-            lineage = rederive(snapshot, self.store.clause_registry(), dict.fromkeys(present))
+            lineage = rederive(snapshot, self.doors.registries.clauses(), dict.fromkeys(present))
             return ChunkWrite(rows=lineage.rows, delete=[*present, *lineage.orphans]), None
 
-        self.store.write_chunks(drop, what="removing chunks a concurrent ingest wrote")
+        self.doors.chunks.write(drop, what="removing chunks a concurrent ingest wrote")
 
     def _chunk_row(
         self, record: SourceRecord, chunk: Chunk, cid: str, vectors: dict[str, list[float]], now: datetime

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..governance.tags import Classification
-from ..state.schema import TAG_COLUMNS, row_metadata
+from ..state import TAG_COLUMNS, row_metadata
 
 RESULT_COLUMNS = [
     "chunk_id", "doc_id", "source_uri", "text", "kind", "parents", "tenant", "acl_allow", "acl_deny",

@@ -45,7 +45,7 @@ from ..deadline import check_deadline
 from ..errors import InvalidRequestError
 from ..governance.sql import sql_string
 from ..stages import work
-from ..state.schema import TAG_COLUMNS
+from ..state import TAG_COLUMNS
 from .visible_fields import TEXT_COLUMNS, MetadataField, VisibleFields, as_float
 
 COMPARISONS = {"$eq": "=", "$ne": "<>", "$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}

@@ -14,7 +14,7 @@ from ..governance.policy import Policy
 from ..governance.sql import sql_list, sql_string
 from ..governance.tags import EVERYONE, Classification, label_problem
 from ..governance.visibility import check_row
-from ..state import TAG_COLUMNS, Store
+from ..state import TAG_COLUMNS, ReadDoors
 from .search import Searcher
 
 _REVIEW_COLUMNS = ["chunk_id", "doc_id", "kind", "parents", "tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification"]
@@ -38,12 +38,12 @@ class AccessReview:
         return {name: (dict(value) if isinstance(value, Mapping) else value) for name, value in self.__dict__.items()}
 
 
-def access_review(store: Store, searcher: Searcher, view: SubjectView) -> AccessReview:
+def access_review(doors: ReadDoors, searcher: Searcher, view: SubjectView) -> AccessReview:
     """Count every row ``view``'s subject may read: the same compiled filter and post-check as search."""
     subject, tenant = view.subject, view.tenant
-    version = store.chunks_version
-    rows = store.rows_where(searcher.compiled_filter(view), _REVIEW_COLUMNS)
-    decide = searcher.decisions.decider(view, store.clause_registry())
+    version = doors.chunks.version
+    rows = doors.chunks.rows_where(searcher.compiled_filter(view), _REVIEW_COLUMNS)
+    decide = searcher.decisions.decider(view, doors.registries.clauses())
     visible = [row for row in rows if decide(row).allowed]
     chunks = [row for row in visible if row["kind"] == "chunk"]
     return AccessReview(
@@ -61,28 +61,28 @@ def access_review(store: Store, searcher: Searcher, view: SubjectView) -> Access
     )
 
 
-def inventory(store: Store, label: str, tenant: str) -> dict[str, list[str]]:
+def inventory(doors: ReadDoors, label: str, tenant: str) -> dict[str, list[str]]:
     """Every row carrying ``label`` in ``tenant``, grouped by the source documents it comes from."""
     problem = label_problem(label)
     if problem:
         raise InvalidRequestError(problem)
     where = f"tenant = {sql_string(tenant)} AND array_has_any(labels, {sql_list([label])})"
-    rows = store.rows_where(where, ["chunk_id", "doc_id", "kind", "parents"])
+    rows = doors.chunks.rows_where(where, ["chunk_id", "doc_id", "kind", "parents"])
     grouped: dict[str, list[str]] = defaultdict(list)
     for row in rows:
-        for source in _root_sources(store, row):
+        for source in _root_sources(doors, row):
             grouped[source].append(row["chunk_id"])
     return {source: sorted(ids) for source, ids in sorted(grouped.items())}
 
 
-def _root_sources(store: Store, row: Mapping[str, Any]) -> set[str]:
+def _root_sources(doors: ReadDoors, row: Mapping[str, Any]) -> set[str]:
     """The source documents a row derives from, following ``parents`` up to the chunks."""
     if row["kind"] == "chunk":
         return {row["doc_id"]}
     roots: set[str] = set()
     pending, seen = list(row["parents"]), set()
     while pending:
-        parents = store.rows([p for p in pending if p not in seen], ["chunk_id", "doc_id", "kind", "parents"])
+        parents = doors.chunks.rows([p for p in pending if p not in seen], ["chunk_id", "doc_id", "kind", "parents"])
         seen.update(pending)
         pending = []
         for parent in parents.values():
@@ -108,9 +108,9 @@ class Vocabulary:
     documents: tuple[str, ...]
 
 
-def vocabulary(store: Store, policy: Policy | None, tenant: str) -> Vocabulary:
+def vocabulary(doors: ReadDoors, policy: Policy | None, tenant: str) -> Vocabulary:
     """The names a reviewer of ``tenant`` picks from, from that tenant's rows and policy alone."""
-    rows = store.rows_where(f"tenant = {sql_string(tenant)}", ["doc_id", "kind", "labels"])
+    rows = doors.chunks.rows_where(f"tenant = {sql_string(tenant)}", ["doc_id", "kind", "labels"])
     labels = sorted({label for row in rows for label in row["labels"]})
     documents = sorted({row["doc_id"] for row in rows if row["kind"] == "chunk"})
     named = policy.named() if policy is not None else []
@@ -151,7 +151,7 @@ class Readers:
         return {**self.__dict__, "subjects": [r.__dict__ for r in self.subjects], "groups": [r.__dict__ for r in self.groups]}
 
 
-def readers(store: Store, policy: Policy, tenant: str, *, doc_id: str | None = None, label: str | None = None) -> Readers:
+def readers(doors: ReadDoors, policy: Policy, tenant: str, *, doc_id: str | None = None, label: str | None = None) -> Readers:
     """Who can read document ``doc_id`` (its chunks and every row derived from them) or the rows
     carrying ``label``, in ``tenant``: every principal the policy names there or the rows' ACLs
     name, decided by the enforcer (``visibility.check_row``) once per distinct set of tags, as a
@@ -163,16 +163,16 @@ def readers(store: Store, policy: Policy, tenant: str, *, doc_id: str | None = N
         problem = label_problem(label)
         if problem:
             raise InvalidRequestError(problem)
-        rows = store.rows_where(f"tenant = {sql_string(tenant)} AND array_has_any(labels, {sql_list([label])})", _REVIEW_COLUMNS)
+        rows = doors.chunks.rows_where(f"tenant = {sql_string(tenant)} AND array_has_any(labels, {sql_list([label])})", _REVIEW_COLUMNS)
     else:
-        chunk_ids = store.chunk_ids_of(str(doc_id), tenant)
-        found = store.rows(chunk_ids, _REVIEW_COLUMNS)
+        chunk_ids = doors.chunks.chunk_ids_of(str(doc_id), tenant)
+        found = doors.chunks.rows(chunk_ids, _REVIEW_COLUMNS)
         if chunk_ids:
-            found.update(store.derived_from(chunk_ids))
+            found.update(doors.chunks.derived_from(chunk_ids))
         rows = [row for row in found.values() if row["tenant"] == tenant]
     ordered = sorted(rows, key=lambda row: row["chunk_id"])
     weighed = ordered[:READERS_MAX_ROWS]
-    clauses = store.clause_registry()
+    clauses = doors.registries.clauses()
     alike: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)  # rows with the same tags decide alike
     for row in weighed:
         alike[tuple(tuple(row[c]) if isinstance(row[c], list) else row[c] for c in TAG_COLUMNS)].append(row)

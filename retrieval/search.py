@@ -29,8 +29,7 @@ from ..governance.policy import Decision, Policy
 from ..governance.visibility import check_row
 from ..group_commit import GroupCommit
 from ..stages import stage, work
-from ..state import TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, Registries, Store, vector_index_partitions
-from ..state.store import IN_LIST_MAX_IDS
+from ..state import IN_LIST_MAX_IDS, TAG_COLUMNS, VECTOR_INDEX_MIN_ROWS, ReadDoors, Registries, vector_index_partitions
 from .collapse import NO_COLLAPSE, Collapse
 from .fusion import reciprocal_rank_fusion
 from .hits import CURRENT_COLUMNS, RESULT_COLUMNS, Hit
@@ -180,7 +179,7 @@ def validate_query(query: str, k: int, mode: str) -> None:
 
 
 class Searcher:
-    """Runs governed searches over one store with one embedder.
+    """Runs governed searches over one warehouse's chunks (read, never written) with one embedder.
 
     Each search is planned: on a table with a vector index, a caller who may read few rows gets
     an exact scan of exactly those rows (the scalar indexes find them), and one who may read many
@@ -199,7 +198,7 @@ class Searcher:
 
     def __init__(
         self,
-        store: Store,
+        doors: ReadDoors,
         embedder: Embedder,
         *,
         flat_max_rows: int | None = None,
@@ -207,11 +206,12 @@ class Searcher:
         resident_index_bytes: int = 0,
         resident_min_rows: int = VECTOR_INDEX_MIN_ROWS,
     ) -> None:
-        self.store = store
+        self.chunks = doors.chunks
+        self.registries = doors.registries
         self.embedder = embedder
         self.flat_max_rows = flat_max_rows
         self.visible = VisibleRowCache(flat_cache_bytes)
-        self.serving = ServingIndex(store, budget_bytes=resident_index_bytes, min_rows=resident_min_rows)
+        self.serving = ServingIndex(doors, budget_bytes=resident_index_bytes, min_rows=resident_min_rows)
         self.filters: LruCache[str] = LruCache()  # by (kind, subject, tenant, policy and registry versions)
         self.decisions = DecisionMemo()
         self._counts: OrderedDict[tuple[str, int], int] = OrderedDict()
@@ -235,14 +235,14 @@ class Searcher:
         return self._views.get(key, lambda: SubjectView.of(policy, caller.subject, caller.tenant))
 
     def _filter(self, kind: str, view: SubjectView, registries: Registries | None) -> str:
-        registries = registries or self.store.registries()
+        registries = registries or self.registries.current()
         key = (kind, view.subject, view.tenant, view.policy_version, registries.version)
 
         def build() -> str:
             clauses = registries.clauses
             if kind == "exact":
                 return compile_filter(view, view.satisfied_clauses(clauses))
-            return compile_prefilter(view, clauses, self.store.label_registry())
+            return compile_prefilter(view, clauses, self.registries.labels())
 
         return self.filters.get(key, build)
 
@@ -281,7 +281,7 @@ class Searcher:
         with stage("embed"):
             query_vector = self.query_vector(query, vector) if mode != "fts" else None
         if policy is None:  # no policy at all: nothing is visible
-            return SearchResult(hits=[], withheld=0, table_version=self.store.chunks_version, policy_version=None)
+            return SearchResult(hits=[], withheld=0, table_version=self.chunks.version, policy_version=None)
         if not collapse.active:
             return self._answer(query, query_vector, policy, caller, k, mode, narrowing)
         ranked = -1
@@ -308,7 +308,7 @@ class Searcher:
     ) -> SearchResult:
         """The best ``k`` rows ``caller`` may read (and ``narrowing`` matches), ranked and post-checked."""
         view = self.view(policy, caller)
-        registries = self.store.registries()
+        registries = self.registries.current()
         where = self.prefilter(view, registries)
         narrowing = narrowing.within(view.tenant) if narrowing is not None else None
         reader = self.reader(view, registries)
@@ -336,9 +336,9 @@ class Searcher:
         if vector is None:
             return self._queries.submit(query)
         array = np.asarray(vector, dtype=np.float32)
-        dimension = self.store.dimension
+        dimension = self.chunks.dimension
         if array.shape != (dimension,):
-            model = self.store.embedding_model or "the warehouse's model"
+            model = self.chunks.embedding_model or "the warehouse's model"
             raise InvalidRequestError(f"vector has shape {array.shape}; {model}'s vectors have {dimension} numbers")
         if not np.isfinite(array).all():
             raise InvalidRequestError("vector holds NaN or infinity; pass finite numbers")
@@ -350,7 +350,7 @@ class Searcher:
         if policy is None or not isinstance(chunk_id, str) or not chunk_id:
             return None
         view = self.view(policy, caller)
-        registries = self.store.registries()
+        registries = self.registries.current()
         found = self.visible_row(chunk_id, view, registries, RESULT_COLUMNS)
         if found is None:
             return None
@@ -368,18 +368,18 @@ class Searcher:
         caller may read (held per filter and version) before any row is read, so asking for a row
         the caller cannot read reads nothing of it, exactly as asking for a missing one does."""
         where = self.prefilter(view, registries)
-        version = self.store.chunks_version
+        version = self.chunks.version
         for _ in range(3):
             check_deadline()
             ids = self._visible_ids(where, version)
             if ids is not None:
                 if not pc.any(pc.equal(ids.chunk_ids, chunk_id)).as_py():
                     return None
-                table = self.store.read_rows_at(version, where, [chunk_id], columns)
+                table = self.chunks.read_rows_at(version, where, [chunk_id], columns)
                 if table is not None:
                     rows = table.to_pylist()
                     return (rows[0], version) if rows else None
-            version = self.store.latest_chunks_version()  # that version is gone: ask the latest
+            version = self.chunks.latest_version()  # that version is gone: ask the latest
         return None
 
     def rank(
@@ -398,7 +398,7 @@ class Searcher:
         ``narrowing`` the reader also names whose the matches are (without one, none is held)."""
         if mode != "vector" and reader is None:
             raise InvalidValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
-        version = self.store.chunks_version  # the request's freshness check, when one is pinned
+        version = self.chunks.version  # the request's freshness check, when one is pinned
         for _ in range(3):
             check_deadline()
             exact_version = False
@@ -412,7 +412,7 @@ class Searcher:
                 ranked = self._hybrid(query, vector, where, k, version, reader, narrowing, narrow)  # type: ignore[arg-type]
             if exact_version:
                 break  # ranked from rows read at exactly this version: nothing to re-check
-            latest = self.store.latest_chunks_version()
+            latest = self.chunks.latest_version()
             if latest == version:
                 break
             version = latest
@@ -422,8 +422,8 @@ class Searcher:
         """"flat" (exact scan of the rows ``where`` admits), "resident" (this process's serving
         index, when it is ready) or "index" (Lance's prefiltered vector index)."""
         if self._indexed[0] != version:
-            self._indexed = (version, self.store.has_vector_index())
-        total = self._count("", version) if self.serving.wanted(self.store.dimension) else 0
+            self._indexed = (version, self.chunks.has_vector_index())
+        total = self._count("", version) if self.serving.wanted(self.chunks.dimension) else 0
         if not self._indexed[1] and not self.serving.applies(total):
             return "flat"
         limit = self.flat_max_rows
@@ -442,7 +442,7 @@ class Searcher:
             held = self._counts.get(key)
         if held is not None:
             return held
-        counted = self.store.count(where or None)
+        counted = self.chunks.count(where or None)
         with self._flat_lock:
             self._counts[key] = counted
             while len(self._counts) > 4096:
@@ -456,7 +456,7 @@ class Searcher:
         that version is gone."""
 
         def read() -> VisibleIds | None:
-            table = self.store.read_at(version, where, ["chunk_id"])
+            table = self.chunks.read_at(version, where, ["chunk_id"])
             return None if table is None else VisibleIds(chunk_ids=table.column("chunk_id").combine_chunks())
 
         return self.visible.get(("ids", where, version), read)
@@ -472,7 +472,7 @@ class Searcher:
             return None
 
         def read() -> VisibleFields | None:
-            table = self.store.read_at(version, where, FIELD_COLUMNS)
+            table = self.chunks.read_at(version, where, FIELD_COLUMNS)
             return None if table is None else VisibleFields.from_arrow(table)
 
         fields = self.visible.get(key, read)
@@ -497,7 +497,7 @@ class Searcher:
             mask = narrowing.mask(fields)
             matching = fields.chunk_ids.filter(pa.array(mask, pa.bool_()))
             return Narrow(narrowing=narrowing, matching=matching, owner=owner, fields=fields, mask=mask)
-        found = self.store.read_at(version, narrowed(where, narrowing), ["chunk_id"])
+        found = self.chunks.read_at(version, narrowed(where, narrowing), ["chunk_id"])
         if found is None:
             return None
         return Narrow(narrowing=narrowing, matching=found.column("chunk_id").combine_chunks(), owner=owner)
@@ -558,7 +558,7 @@ class Searcher:
 
     def _scans_held(self, plan: str, vector: np.ndarray | None, where: str, version: int) -> bool:
         """Whether ``plan`` is an exact scan of rows this process holds (or would hold) in memory."""
-        return plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.store.dimension)
+        return plan == "flat" and vector is not None and self.visible.fits(self._count(where, version), self.chunks.dimension)
 
     def _through_lance(
         self, vector: np.ndarray | None, where: str, plan: str, limit: int, version: int, visible_rows: int | None
@@ -566,9 +566,9 @@ class Searcher:
         """The ``limit`` nearest rows ``where`` admits by Lance: an exact scan for the flat plan,
         else its prefiltered vector index probed for about ``visible_rows`` (None: counted)."""
         if plan == "flat":
-            return self.store.nearest(vector, where=where, limit=limit, columns=RESULT_COLUMNS, exact=True)
+            return self.chunks.nearest(vector, where=where, limit=limit, columns=RESULT_COLUMNS, exact=True)
         visible = self._count(where, version) if visible_rows is None else visible_rows
-        return self.store.nearest(
+        return self.chunks.nearest(
             vector,
             where=where,
             limit=limit,
@@ -580,7 +580,7 @@ class Searcher:
 
     def _held(self, where: str, version: int, narrow: Narrow | None) -> VisibleRows | None:
         """The rows ``where`` admits at ``version``, held (None if that version is gone:
-        ``Store.read_at``), cut to a filter's matches when one is given."""
+        ``ChunkReads.read_at``), cut to a filter's matches when one is given."""
         visible = self.visible.get((where, version), lambda: self._read_visible(where, version))
         return visible if visible is None or narrow is None else visible.narrowed(narrow.matching)
 
@@ -591,8 +591,8 @@ class Searcher:
         ``version``, read by id and scanned exactly (held for the caller); None if that version is gone."""
 
         def read() -> VisibleRows | None:
-            table = self.store.read_rows_at(version, where, narrow.matching.to_pylist(), [*RESULT_COLUMNS, "vector"])
-            return None if table is None else VisibleRows.from_arrow(table, self.store.dimension)
+            table = self.chunks.read_rows_at(version, where, narrow.matching.to_pylist(), [*RESULT_COLUMNS, "vector"])
+            return None if table is None else VisibleRows.from_arrow(table, self.chunks.dimension)
 
         held = self._held_for(narrow, ("narrowed", where, version), read)
         if held is None:
@@ -629,14 +629,14 @@ class Searcher:
             since = self._flat_read.get(where)
         before = self.visible.peek((where, since)) if since is not None and since < version else None
         if isinstance(before, VisibleRows):
-            current = self.store.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
+            current = self.chunks.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
             if current is None:
                 return None
-            visible = before.retagged(current, lambda ids: self.store.read_rows_at(version, where, ids, columns))
+            visible = before.retagged(current, lambda ids: self.chunks.read_rows_at(version, where, ids, columns))
             self.retags += visible is not None
         else:
-            table = self.store.read_at(version, where, columns)
-            visible = None if table is None else VisibleRows.from_arrow(table, self.store.dimension)
+            table = self.chunks.read_at(version, where, columns)
+            visible = None if table is None else VisibleRows.from_arrow(table, self.chunks.dimension)
         if visible is None:
             return None
         with self._flat_lock:
@@ -670,7 +670,7 @@ class Searcher:
         ranked = self._lexical_rows(where, version, reader, narrowing, narrow).top(query_terms(query), limit)
         if not ranked or "text" in ranked[0][0]:
             return ranked
-        found = self.store.rows([row["chunk_id"] for row, _ in ranked], columns=RESULT_COLUMNS)
+        found = self.chunks.rows([row["chunk_id"] for row, _ in ranked], columns=RESULT_COLUMNS)
         return [(found[row["chunk_id"]], score) for row, score in ranked if row["chunk_id"] in found]
 
     def _lexical_rows(
@@ -683,7 +683,7 @@ class Searcher:
         if narrow is not None:
 
             def read() -> LexicalRows | None:
-                table = self.store.read_rows_at(version, where, narrow.matching.to_pylist(), RESULT_COLUMNS)
+                table = self.chunks.read_rows_at(version, where, narrow.matching.to_pylist(), RESULT_COLUMNS)
                 return self._analysed(table, reader)
 
             found = self._held_for(narrow, ("lexical", where, version), read)
@@ -691,9 +691,9 @@ class Searcher:
                 return found
         where = narrowed(where, narrowing)
         key = ("lexical", where, version, *reader.key)
-        held = self.visible.get(key, lambda: self._analysed(self.store.read_at(version, where, RESULT_COLUMNS), reader))
+        held = self.visible.get(key, lambda: self._analysed(self.chunks.read_at(version, where, RESULT_COLUMNS), reader))
         if held is None:  # that version is gone: the latest rows, held nowhere
-            held = self._analysed(self.store.read_at(None, where, RESULT_COLUMNS), reader)
+            held = self._analysed(self.chunks.read_at(None, where, RESULT_COLUMNS), reader)
         return held  # type: ignore[return-value]
 
     def _analysed(self, table: pa.Table | None, reader: Reader) -> LexicalRows | None:
@@ -751,7 +751,7 @@ class Searcher:
     ) -> tuple[list[tuple[dict[str, Any], float, str]], int]:
         """The post-check's decisions alone: each candidate the enforcer admits, with its score and
         the reason, and how many it withheld."""
-        registry = self.store.clause_registry() if clauses is None else clauses
+        registry = self.registries.clauses() if clauses is None else clauses
         decide = self.decisions.decider(view, registry)
         admitted: list[tuple[dict[str, Any], float, str]] = []
         withheld = 0

@@ -26,8 +26,7 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from ..stages import work
-from ..state import Store
-from ..state.files import RESIDENT_INDEX
+from ..state import ReadDoors
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
 from .resident import ResidentIndex, resident_bytes
 from .visible_rows import unit_vectors
@@ -103,10 +102,11 @@ class ResidentView:
 
 
 class ServingIndex:
-    """The resident index of one store's ``chunks`` table, for one process."""
+    """The resident index of one warehouse's ``chunks`` table, for one process."""
 
-    def __init__(self, store: Store, *, budget_bytes: int, min_rows: int) -> None:
-        self._store = store
+    def __init__(self, doors: ReadDoors, *, budget_bytes: int, min_rows: int) -> None:
+        self._doors = doors
+        self._chunks = doors.chunks
         self._budget = budget_bytes
         self._min_rows = min_rows
         self._index: ResidentIndex | None = None
@@ -138,7 +138,7 @@ class ServingIndex:
     def view(self, index: ResidentIndex, where: str, version: int) -> ResidentView | None:
         """The rows ``where`` admits at ``version`` as ``index`` sees them; None when that version is
         gone, or too many visible rows are missing from the index (a rebuild then starts)."""
-        visible = self._store.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
+        visible = self._chunks.read_at(version, where, ["chunk_id", *CURRENT_COLUMNS])
         if visible is None:
             return None
         positions = index.positions(visible.column("chunk_id"))
@@ -150,7 +150,7 @@ class ServingIndex:
             return None
         fresh, fresh_vectors = pa.table({}), np.empty((0, index.graph.d), dtype=np.float32)
         if missing:
-            rows = self._store.read_rows_at(version, where, missing, [*RESULT_COLUMNS, "vector"])
+            rows = self._chunks.read_rows_at(version, where, missing, [*RESULT_COLUMNS, "vector"])
             if rows is None:
                 return None
             vectors, usable = unit_vectors(rows.column("vector"), index.graph.d)
@@ -165,7 +165,7 @@ class ServingIndex:
     # -- building ---------------------------------------------------------------------------
 
     def _start_build(self, rows: int, *, replace: bool = False) -> None:
-        needed = resident_bytes(rows, self._store.dimension)
+        needed = resident_bytes(rows, self._chunks.dimension)
         if needed > self._budget:
             self._status = ServingStatus(
                 state="over budget", rows=rows, bytes=needed,
@@ -194,29 +194,29 @@ class ServingIndex:
     def build_now(self) -> ResidentIndex:
         """Load the newest artifact the warehouse holds (unless it is further behind the table than
         a rebuild would allow), else build from the table; install and return it."""
-        index = load_artifact(self._store)
-        latest = self._store.latest_chunks_version()
+        index = load_artifact(self._doors)
+        latest = self._chunks.latest_version()
         if (
             index is None
-            or (self._store.count() - index.rows) > REBUILD_SHARE * max(1, index.rows)
+            or (self._chunks.count() - index.rows) > REBUILD_SHARE * max(1, index.rows)
             or index.version > latest
         ):
-            version, rows = self._store.read_latest([*CONTENT_COLUMNS, "vector"])
-            index = ResidentIndex.build(rows, version=version, dimension=self._store.dimension)
+            version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
+            index = ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
         self._index = index
         self._status = ServingStatus(state="ready", version=index.version, rows=index.rows, bytes=index.nbytes)
         threading.Thread(target=index.warm, name="resident-index-warm", daemon=True).start()
         return index
 
 
-def store_artifact(store: Store) -> ResidentIndex | None:
+def store_artifact(doors: ReadDoors) -> ResidentIndex | None:
     """Build the index of the table's latest version and keep it in the warehouse (replacing older
     ones) for replicas to load; None where the warehouse keeps no files (not a folder nor S3)."""
-    files = store.files(RESIDENT_INDEX)
+    files = doors.artifacts
     if files is None:
         return None
-    version, rows = store.read_latest([*CONTENT_COLUMNS, "vector"])
-    index = ResidentIndex.build(rows, version=version, dimension=store.dimension)
+    version, rows = doors.chunks.read_latest([*CONTENT_COLUMNS, "vector"])
+    index = ResidentIndex.build(rows, version=version, dimension=doors.chunks.dimension)
     sink = pa.BufferOutputStream()
     rows = index.stored_rows()
     with ipc.new_file(sink, rows.schema) as out:
@@ -230,9 +230,9 @@ def store_artifact(store: Store) -> ResidentIndex | None:
     return index
 
 
-def load_artifact(store: Store) -> ResidentIndex | None:
+def load_artifact(doors: ReadDoors) -> ResidentIndex | None:
     """The newest whole artifact in the warehouse, or None."""
-    files = store.files(RESIDENT_INDEX)
+    files = doors.artifacts
     if files is None:
         return None
     versions = sorted(int(found[1]) for name in files.names() if (found := _ARTIFACT.fullmatch(name)))

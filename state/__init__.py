@@ -1,10 +1,11 @@
-"""State: the only door to the warehouse's LanceDB tables.
+"""State: the only door to the warehouse's LanceDB tables, and one door per table.
 
-Every table (chunks, sources, the clause and label registries, policies, audit, api_keys, the
-directory of provisioned users and groups), its schema and indexes, commit retries, version
-pruning and damage checks live here, and so does the one place a Lance failure becomes a
-``WarehouseError``. What leaves is rows, counts and versions, never a Lance table: the layers
-above (ingest, retrieval, the face) ask typed questions.
+``Store`` opens the warehouse, checks its format and pins one freshness check per request; each
+table is reached through its door (``Store.chunks``, ``.sources``, ``.registries``, ``.policies``,
+``.maintenance``, the audit log's, API keys', directory's and lineage spool's tables). Schemas,
+indexes, commit retries, version pruning and damage checks live here, and so does the one place
+a Lance failure becomes a ``WarehouseError``. What leaves is rows, counts and versions, never a
+Lance table, and nothing outside ``state`` imports its modules but through this one.
 """
 
 from __future__ import annotations
@@ -12,26 +13,36 @@ from __future__ import annotations
 from .api_keys import ApiKeyRow, ApiKeysTable
 from .audit_log import AuditLog
 from .audit_table import AuditTable
+from .chunks import IN_LIST_MAX_IDS, ChunkReads, Chunks
+from .commit_retry import is_missing_file, retrying_conflicts
 from .directory import DirectoryRow, DirectorySnapshot, DirectoryTable
-from .files import LINEAGE_EVENTS, WarehouseFiles
+from .files import LINEAGE_EVENTS, RESIDENT_INDEX, WarehouseFiles
 from .indexing import VECTOR_INDEX_MIN_ROWS, IndexReport, vector_index_partitions
 from .lineage_spool import FolderSpool, LineageSpool, TableSpool, sortable_now
-from .schema import TAG_COLUMNS, chunks_schema
-from .snapshot import ChunksSnapshot, ChunkWrite
-from .store import DocumentKey, InstalledPolicy, Registries, SourceState, Store
+from .maintenance import Maintenance
+from .policies import InstalledPolicy, Policies
+from .registries import Registries, RegistryReads, RegistryTables
+from .schema import TAG_COLUMNS, chunks_schema, row_metadata
+from .snapshot import ChunksSnapshot, ChunkWrite, DocumentKey
+from .sources import Sources, SourceState
+from .store import ReadDoors, Store, WriteDoors
 from .tables import operation_named
 from .text_analysis import ANALYZER, terms_of_words
 
 __all__ = [
     "ANALYZER",
+    "IN_LIST_MAX_IDS",
     "LINEAGE_EVENTS",
+    "RESIDENT_INDEX",
     "TAG_COLUMNS",
     "VECTOR_INDEX_MIN_ROWS",
     "ApiKeyRow",
     "ApiKeysTable",
     "AuditLog",
     "AuditTable",
+    "ChunkReads",
     "ChunkWrite",
+    "Chunks",
     "ChunksSnapshot",
     "DirectoryRow",
     "DirectorySnapshot",
@@ -41,13 +52,23 @@ __all__ = [
     "IndexReport",
     "InstalledPolicy",
     "LineageSpool",
+    "Maintenance",
+    "Policies",
+    "ReadDoors",
     "Registries",
+    "RegistryReads",
+    "RegistryTables",
     "SourceState",
+    "Sources",
     "Store",
     "TableSpool",
     "WarehouseFiles",
+    "WriteDoors",
     "chunks_schema",
+    "is_missing_file",
     "operation_named",
+    "retrying_conflicts",
+    "row_metadata",
     "sortable_now",
     "terms_of_words",
     "vector_index_partitions",

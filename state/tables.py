@@ -11,7 +11,7 @@ import contextlib
 import errno
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +22,7 @@ import lancedb
 import pyarrow as pa
 
 from ..errors import RagwardenError, WarehouseError
-from ..governance.sql import sql_in_list
+from ..governance.sql import sql_documents, sql_in_list
 from .commit_retry import PlanOutlived, is_commit_conflict, retrying_conflicts
 
 C = TypeVar("C", bound=type)
@@ -237,3 +237,21 @@ def damaged_files(root: Path | None, tables: Mapping[str, Any]) -> list[str]:
         except Exception as exc:  # a table whose manifest cannot be read is damaged as a whole
             found.append(f"{root / f'{name}.lance'} ({str(exc).splitlines()[0] if str(exc) else exc!r})")
     return found
+
+
+def rows_where_in(table: Any, column: str, values: Iterable[str], columns: list[str]) -> list[dict[str, Any]]:
+    """Rows of ``table`` whose ``column`` is one of ``values`` (quoted as data), with ``columns``
+    only. A value holding a NUL character cannot be an id (nor an SQL literal): it matches no row."""
+    wanted = sorted(v for v in set(values) if "\x00" not in v)
+    if not wanted:
+        return []
+    return table.search().where(f"{column} IN {sql_in_list(wanted)}").select(columns).limit(None).to_list()
+
+
+def documents_rows(table: Any, keys: Iterable[tuple[str, str]], columns: list[str]) -> list[dict[str, Any]]:
+    """Rows of the documents ``keys`` ((tenant, doc id), quoted as data); a key holding a NUL
+    matches nothing."""
+    wanted = {(t, d) for t, d in keys if "\x00" not in t and "\x00" not in d}
+    if not wanted:
+        return []
+    return table.search().where(sql_documents(wanted)).select(columns).limit(None).to_list()

@@ -85,7 +85,7 @@ def demo_oracle(demo_warehouse: Warehouse) -> Callable[[str, str], set[str]]:
     (``support.oracle``) over the demo policy: demo_oracle("user:dave", "acme")."""
     rows = raw_table(demo_warehouse.store).search().select(ORACLE_COLUMNS).limit(None).to_list()
     world = world_of_policy(policy_file("demo.csv").read_text(encoding="utf-8"))
-    registry = demo_warehouse.store.clause_registry()
+    registry = demo_warehouse.store.registries.clauses()
 
     def visible(subject: str, tenant: str) -> set[str]:
         return oracle_visible(world, subject, tenant, rows, registry)

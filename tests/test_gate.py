@@ -23,7 +23,7 @@ def _gate(warehouse: Warehouse, reads: list[int]) -> PermissionGate:
         reads.append(1)
         return warehouse.policy
 
-    return PermissionGate(audit=warehouse.audit, policy=policy, table_version=lambda: warehouse.store.chunks_version)
+    return PermissionGate(audit=warehouse.audit, policy=policy, table_version=lambda: warehouse.store.chunks.version)
 
 
 def _receipts_after(warehouse: Warehouse, before: int) -> list[Any]:
@@ -86,7 +86,7 @@ def test_a_refusal_from_inside_the_operation_is_recorded_as_one_refused_receipt(
 
 
 def test_every_face_operation_leaves_exactly_one_receipt(small_warehouse: Warehouse):
-    (chunk_id, *_) = small_warehouse.store.chunk_ids_of("acme-memo")
+    (chunk_id, *_) = small_warehouse.store.chunks.chunk_ids_of("acme-memo")
     calls = [
         lambda: small_warehouse.search("menu", subject="user:alice", tenant="acme"),
         lambda: small_warehouse.get_chunk(chunk_id, subject="user:alice", tenant="acme"),

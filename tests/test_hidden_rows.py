@@ -49,7 +49,7 @@ def worlds(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> dict
     made = {"base": world(tmp_path_factory.mktemp("base"), embedder),
             "hidden": world(tmp_path_factory.mktemp("hidden"), embedder, hidden=HIDDEN),
             "shown": world(tmp_path_factory.mktemp("shown"), embedder, visible=HIDDEN)}  # fmt: skip
-    versions = {name: warehouse.store.chunks_version for name, warehouse in made.items()}
+    versions = {name: warehouse.store.chunks.version for name, warehouse in made.items()}
     assert len(set(versions.values())) == 1, f"every world stands at one table version: {versions}"
     return {name: Path(warehouse.uri) for name, warehouse in made.items()}
 
@@ -74,7 +74,7 @@ def _counted(action: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
 def _face(warehouse: Warehouse, hidden_doc: str) -> Observed:
     """Every search, get and explain the intern can ask of the Python face."""
     seen: Observed = {}
-    hidden_chunks = warehouse.store.chunk_ids_of(hidden_doc) or [f"no-chunk-of-{hidden_doc}"]
+    hidden_chunks = warehouse.store.chunks.chunk_ids_of(hidden_doc) or [f"no-chunk-of-{hidden_doc}"]
     for query in QUERIES:
         for mode in MODES:
             for narrow in FILTERS:
@@ -222,7 +222,7 @@ def test_rows_a_caller_cannot_read_change_no_answer_and_no_work_over_http_or_mcp
     for name in ("base", "hidden"):
         warehouse = _opened(worlds[name], embedder)
         url = served(warehouse)
-        hidden_chunk = (warehouse.store.chunk_ids_of(hidden_sheet_ids(1)[0]) or ["absent-in-this-world"])[0]
+        hidden_chunk = (warehouse.store.chunks.chunk_ids_of(hidden_sheet_ids(1)[0]) or ["absent-in-this-world"])[0]
         observed[name] = _over_http(url, token, hidden_chunk, access_lines) | _over_mcp(url, token, hidden_chunk, access_lines)
     assert not _differences(observed["base"], observed["hidden"])
     assert observed["base"]["mcp session"][1]["filter_rows"] > 0
@@ -263,7 +263,7 @@ def test_rows_a_caller_cannot_read_change_no_answer_and_no_counted_work_on_the_s
 
     def observed(name: str) -> Observed:
         warehouse = _opened(worlds[name], embedder)
-        searcher = Searcher(warehouse.store, embedder, flat_max_rows=-1, resident_index_bytes=2**28, resident_min_rows=0)
+        searcher = Searcher(warehouse.store.read_doors(), embedder, flat_max_rows=-1, resident_index_bytes=2**28, resident_min_rows=0)
         searcher.serving.build_now()
         vector = embedder.encode([QUERIES[0]])[0]
         seen: Observed = {}

@@ -108,6 +108,74 @@ def test_the_rules_hold_no_io():
     assert not offenders, offenders
 
 
+def _product_modules() -> list[Path]:
+    return [path for path in sorted(REPO.rglob("*.py")) if path.relative_to(REPO).parts[0] not in ("tests", ".venv", "build")]
+
+
+def test_state_is_reached_through_its_package_alone():
+    """Outside ``state/``, no module imports one of state's modules: what state offers is what
+    ``state/__init__.py`` exports, so its rooms can be rearranged behind one surface."""
+    offenders = []
+    for path in _product_modules():
+        if path.relative_to(REPO).parts[0] == "state":
+            continue
+        reached = {name.split(".")[2] for name in ragwarden_imports(path) if name.startswith("ragwarden.state.")}
+        submodules = {module.stem for module in (REPO / "state").glob("*.py")}
+        offenders += [f"{path.relative_to(REPO)}: ragwarden.state.{name}" for name in sorted(reached & submodules)]
+    assert not offenders, offenders
+
+
+# Each wing is handed the doors it uses (``Store.read_doors`` / ``write_doors``), never the store.
+WING_DOORS = {
+    "retrieval": {"ReadDoors", "ChunkReads", "RegistryReads", "Registries"},
+    "ingest": {"WriteDoors", "ChunksSnapshot", "ChunkWrite", "DocumentKey"},
+}
+DOORS = {"Store", "ReadDoors", "WriteDoors", "ChunkReads", "Chunks", "RegistryReads", "RegistryTables", "Sources",
+         "Policies", "Maintenance", "ChunksSnapshot", "ChunkWrite", "DocumentKey", "Registries"}  # fmt: skip
+
+
+@pytest.mark.parametrize("wing", sorted(WING_DOORS))
+def test_each_wing_names_only_the_doors_it_is_handed(wing):
+    named = set()
+    for path in sorted((REPO / wing).rglob("*.py")):
+        named |= {name.removeprefix("ragwarden.state.") for name in ragwarden_imports(path) if name.startswith("ragwarden.state.")}
+    assert named & DOORS <= WING_DOORS[wing], sorted(named & DOORS - WING_DOORS[wing])
+
+
+def _calls_through(folder: str, door: str) -> dict[str, list[str]]:
+    """Methods ``folder``'s modules call on a door named ``door`` (``x.door.m()`` or ``door.m()``), by module."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((REPO / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if (isinstance(owner, ast.Attribute) and owner.attr == door) or (isinstance(owner, ast.Name) and owner.id == door):
+                    found.setdefault(node.func.attr, []).append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+def test_retrieval_never_writes_chunks_nor_registers_tokens():
+    """What only the write doors offer (``Chunks`` beyond ``ChunkReads``, ``RegistryTables`` beyond
+    ``RegistryReads``) is never called from ``retrieval/``."""
+    from ragwarden.state import ChunkReads, Chunks, RegistryReads, RegistryTables
+
+    for door, (reads, writes) in {"chunks": (ChunkReads, Chunks), "registries": (RegistryReads, RegistryTables)}.items():
+        writing = {name for name in vars(writes) if not name.startswith("_")} - set(vars(reads))
+        called = _calls_through("retrieval", door)
+        assert called, f"no call through {door} found: the check would pass vacuously"
+        assert not writing & called.keys(), {name: called[name] for name in writing & called.keys()}
+
+
+def test_ingest_never_reads_through_the_serving_index():
+    """Ingest plans from snapshots of the table, never from the serving index or its artifacts,
+    which are derived and may lag the table."""
+    reading = _calls_through("ingest", "chunks")
+    assert reading and "read_latest" not in reading
+    for path in sorted((REPO / "ingest").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert "RESIDENT_INDEX" not in text and "artifacts" not in text, path.relative_to(REPO)
+
+
 BUILTIN_ERRORS = ("ValueError", "RuntimeError", "Exception")
 
 

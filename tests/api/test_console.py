@@ -161,7 +161,7 @@ def test_a_person_sees_only_what_they_may_read_and_no_audit_page(console: Consol
 def test_a_documents_lineage_is_drawn_from_source_to_chunks_derived_rows_and_receipts(
     console_at: Callable[[str], Console], serve, small_warehouse: Warehouse, mint
 ) -> None:
-    (chunk,) = small_warehouse.store.chunk_ids_of("acme-budget")
+    (chunk,) = small_warehouse.store.chunks.chunk_ids_of("acme-budget")
     note = small_warehouse.derive("Budget review moved to Thursday.", parents=[chunk], subject="user:alice", tenant="acme")
     small_warehouse.search("budget review Thursday", subject="user:alice", tenant="acme", k=3)  # returns chunk and note
     console = console_at(serve(small_warehouse))
@@ -240,7 +240,7 @@ def test_receipts_come_in_pages_with_their_total_and_filter_by_operation_and_out
     for n in range(60):  # more receipts than a page holds, whatever ran before
         demo_warehouse.search(f"cafeteria menu {n}", subject="user:dave", tenant="acme", k=1)
     with pytest.raises(NotFoundError):  # and a refusal: dave derives from a row he may not read
-        demo_warehouse.derive("x", parents=demo_warehouse.store.chunk_ids_of(LEGAL_DOC)[:1], subject="user:dave", tenant="acme")
+        demo_warehouse.derive("x", parents=demo_warehouse.store.chunks.chunk_ids_of(LEGAL_DOC)[:1], subject="user:dave", tenant="acme")
     console.sign_in(mint("carol"))
     console.open("#/receipts")
     pager = console.page.locator("#receipts-pager").inner_text()

@@ -86,7 +86,7 @@ def test_what_a_claimed_group_reads_is_what_the_policy_grants_that_group(
 
 def test_explain_names_the_token_as_where_a_membership_came_from(trusting_service: str, mint: Callable[..., str],
                                                                   demo_warehouse: Warehouse):  # fmt: skip
-    chunk_id = demo_warehouse.store.chunk_ids_of("acme-fin-001")[0]
+    chunk_id = demo_warehouse.store.chunks.chunk_ids_of("acme-fin-001")[0]
     token = mint("zed", groups=["fpa"])
     answer = httpx.get(f"{trusting_service}/v1/chunks/{chunk_id}/explain", headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert answer.status_code == 200, answer.text

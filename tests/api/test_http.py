@@ -138,12 +138,12 @@ def test_search_returns_only_what_the_caller_may_read(as_user, demo_warehouse):
     for hit in hits:
         assert hit["classification"] in ("public", "internal")
         assert hit["labels"] == []
-    legal = set(demo_warehouse.store.chunk_ids_of("acme-legal-001"))
+    legal = set(demo_warehouse.store.chunks.chunk_ids_of("acme-legal-001"))
     assert legal.isdisjoint(h["chunk_id"] for h in hits)
 
 
 def test_get_chunk_returns_a_chunk_the_caller_may_read(as_user, demo_warehouse):
-    (chunk_id,) = demo_warehouse.store.chunk_ids_of("acme-fin-001")
+    (chunk_id,) = demo_warehouse.store.chunks.chunk_ids_of("acme-fin-001")
     response = as_user("alice").get(f"/v1/chunks/{chunk_id}")
     assert response.status_code == 200, response.text
     hit = response.json()
@@ -152,7 +152,7 @@ def test_get_chunk_returns_a_chunk_the_caller_may_read(as_user, demo_warehouse):
 
 
 def test_explain_tells_the_caller_why_it_may_read_a_chunk(as_user, demo_warehouse):
-    (chunk_id,) = demo_warehouse.store.chunk_ids_of("acme-fin-001")
+    (chunk_id,) = demo_warehouse.store.chunks.chunk_ids_of("acme-fin-001")
     response = as_user("alice").get(f"/v1/chunks/{chunk_id}/explain")
     assert response.status_code == 200, response.text
     explanation = response.json()
@@ -162,7 +162,7 @@ def test_explain_tells_the_caller_why_it_may_read_a_chunk(as_user, demo_warehous
 
 
 def test_explaining_someone_elses_access_needs_audit(as_user, demo_warehouse):
-    (chunk_id,) = demo_warehouse.store.chunk_ids_of("acme-fin-001")
+    (chunk_id,) = demo_warehouse.store.chunks.chunk_ids_of("acme-fin-001")
     error_of(as_user("dave").get(f"/v1/chunks/{chunk_id}/explain", params={"about": "user:alice"}), 403, "forbidden")
     response = as_user("carol").get(f"/v1/chunks/{chunk_id}/explain", params={"about": "user:dave"})
     assert response.status_code == 200, response.text
@@ -170,7 +170,7 @@ def test_explaining_someone_elses_access_needs_audit(as_user, demo_warehouse):
 
 
 def test_lineage_shows_an_auditor_the_chunks_and_the_receipts_that_returned_them(as_user, demo_warehouse):
-    (chunk_id,) = demo_warehouse.store.chunk_ids_of("acme-pub-003")
+    (chunk_id,) = demo_warehouse.store.chunks.chunk_ids_of("acme-pub-003")
     assert chunk_id in ids(as_user("dave").post("/v1/search", json={"query": "Acme Ledger FAQ banks supported"}))
     response = as_user("carol").get("/v1/lineage/acme-pub-003")
     assert response.status_code == 200, response.text
@@ -272,7 +272,7 @@ def test_an_admin_ingests_records_into_its_own_tenant(small_service, bearer, sma
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["written"] == ["acme-new"] and report["rejected"] == []
-    assert small_warehouse.store.document_tenants("acme-new") == ["acme"]
+    assert small_warehouse.store.sources.document_tenants("acme-new") == ["acme"]
     found = small_service.post(
         "/v1/search",
         json={"query": "parking garage repairs", "k": 1, "min_version": report["table_version"]},
@@ -282,7 +282,7 @@ def test_an_admin_ingests_records_into_its_own_tenant(small_service, bearer, sma
 
 
 def test_derive_saves_a_note_tagged_from_its_parents(small_service, bearer, small_warehouse):
-    (parent,) = small_warehouse.store.chunk_ids_of("acme-budget")
+    (parent,) = small_warehouse.store.chunks.chunk_ids_of("acme-budget")
     response = small_service.post(
         "/v1/derive", json={"text": "Budget review: Thursday.", "parents": [parent], "kind": "note"}, headers=bearer("alice")
     )
@@ -294,14 +294,14 @@ def test_derive_saves_a_note_tagged_from_its_parents(small_service, bearer, smal
 
 
 def test_derive_from_a_parent_the_caller_cannot_read_reads_as_missing(small_service, bearer, small_warehouse):
-    (parent,) = small_warehouse.store.chunk_ids_of("acme-budget")
+    (parent,) = small_warehouse.store.chunks.chunk_ids_of("acme-budget")
     body = {"text": "What I could not read.", "parents": [parent]}
     message = error_of(small_service.post("/v1/derive", json=body, headers=bearer("dave")), 404, "not_found")
     assert parent in message
 
 
 def test_an_admin_syncs_new_tags_onto_a_document(small_service, bearer, small_warehouse):
-    (chunk_id,) = small_warehouse.store.chunk_ids_of("acme-memo")
+    (chunk_id,) = small_warehouse.store.chunks.chunk_ids_of("acme-memo")
     assert small_service.get(f"/v1/chunks/{chunk_id}", headers=bearer("dave")).status_code == 200
     record = {"id": "acme-memo", "tenant": "acme", "acl": {"allow": ["group:finance"], "deny": []},
               "labels": ["finance"], "classification": "confidential"}  # fmt: skip
@@ -313,7 +313,7 @@ def test_an_admin_syncs_new_tags_onto_a_document(small_service, bearer, small_wa
 
 
 def test_an_admin_forgets_a_document_and_everything_of_it(small_service, bearer, small_warehouse):
-    (chunk_id,) = small_warehouse.store.chunk_ids_of("acme-memo")
+    (chunk_id,) = small_warehouse.store.chunks.chunk_ids_of("acme-memo")
     body = {"doc_id": "acme-memo", "reason": "erasure request 42"}
     response = small_service.post("/v1/forget", json=body, headers=bearer("admin"))
     assert response.status_code == 200, response.text
@@ -324,7 +324,7 @@ def test_an_admin_forgets_a_document_and_everything_of_it(small_service, bearer,
     (tombstone,) = lineage["tombstones"]  # but its erasure is on record: ids, who, why, the purge's proof
     assert (tombstone["subject"], tombstone["reason"], tombstone["erased"]["chunks"]) == ("user:admin", "erasure request 42", [chunk_id])
     assert tombstone["versions_left"] == {"chunks": 1, "sources": 1}
-    assert small_warehouse.store.chunk_ids_of("acme-memo") == []
+    assert small_warehouse.store.chunks.chunk_ids_of("acme-memo") == []
 
 
 def test_forget_with_a_reason_the_audit_cannot_record_is_refused_before_anything_is_erased(
@@ -332,7 +332,7 @@ def test_forget_with_a_reason_the_audit_cannot_record_is_refused_before_anything
 ):
     body = {"doc_id": "acme-memo", "reason": "bad\x00reason"}
     error_of(small_service.post("/v1/forget", json=body, headers=bearer("admin")), 422, "invalid_request")
-    assert small_warehouse.store.chunk_ids_of("acme-memo"), "the document was erased without a receipt"
+    assert small_warehouse.store.chunks.chunk_ids_of("acme-memo"), "the document was erased without a receipt"
 
 
 def test_a_policy_put_is_authorized_before_its_role_graph_is_checked(small_warehouse, serve, http, bearer, tmp_path: Path):
@@ -355,7 +355,7 @@ def test_a_policy_put_by_an_admin_of_every_tenant_installs_it(small_service, bea
     assert response.status_code == 200, response.text
     assert response.json()["version"] != before and response.json()["tenants"] == ["acme", "globex"]
     assert small_service.get("/readyz").json()["policy_version"] == response.json()["version"]
-    (chunk_id,) = small_warehouse.store.chunk_ids_of("acme-budget")
+    (chunk_id,) = small_warehouse.store.chunks.chunk_ids_of("acme-budget")
     assert small_service.get(f"/v1/chunks/{chunk_id}", headers=bearer("dave")).status_code == 200
 
 
@@ -462,15 +462,15 @@ def test_an_identity_in_the_query_string_changes_nothing(as_user):
 def test_an_operation_the_policy_does_not_grant_is_403_and_changes_nothing(
     small_service, bearer, small_warehouse, method, path, body
 ):
-    version, policy = small_warehouse.store.chunks_version, small_warehouse.policy.version
+    version, policy = small_warehouse.store.chunks.version, small_warehouse.policy.version
     response = small_service.request(method, path, json=body, headers=bearer("alice"))
     message = error_of(response, 403, "forbidden")
     assert "alice" in message
-    assert (small_warehouse.store.chunks_version, small_warehouse.policy.version) == (version, policy)
+    assert (small_warehouse.store.chunks.version, small_warehouse.policy.version) == (version, policy)
 
 
 def test_derive_is_403_for_a_caller_without_the_derive_grant(small_service, bearer, small_warehouse):
-    (parent,) = small_warehouse.store.chunk_ids_of("acme-memo")
+    (parent,) = small_warehouse.store.chunks.chunk_ids_of("acme-memo")
     body = {"text": "admin is no staff member", "parents": [parent]}
     error_of(small_service.post("/v1/derive", json=body, headers=bearer("admin")), 403, "forbidden")
 
@@ -494,9 +494,9 @@ def test_a_caller_without_credentials_hears_401_before_anything_about_its_body(s
 
 
 def test_a_forbidden_chunk_reads_byte_for_byte_like_a_missing_one(as_user, demo_warehouse):
-    (secret,) = demo_warehouse.store.chunk_ids_of("acme-fin-001")
+    (secret,) = demo_warehouse.store.chunks.chunk_ids_of("acme-fin-001")
     missing = uuid.uuid4().hex
-    assert len(missing) == len(secret) and missing not in demo_warehouse.store.rows([missing])
+    assert len(missing) == len(secret) and missing not in demo_warehouse.store.chunks.rows([missing])
     dave = as_user("dave")
     forbidden, absent = dave.get(f"/v1/chunks/{secret}"), dave.get(f"/v1/chunks/{missing}")
     assert forbidden.status_code == absent.status_code == 404
@@ -515,7 +515,7 @@ def test_a_forbidden_chunk_reads_byte_for_byte_like_a_missing_one(as_user, demo_
 def test_an_acme_admin_cannot_forget_a_globex_document(small_service, bearer, small_warehouse):
     body = {"doc_id": "globex-plan", "reason": "cross-tenant attempt"}
     error_of(small_service.post("/v1/forget", json=body, headers=bearer("admin")), 404, "not_found")
-    assert small_warehouse.store.chunk_ids_of("globex-plan")
+    assert small_warehouse.store.chunks.chunk_ids_of("globex-plan")
 
 
 @pytest.mark.parametrize(("named", "status", "code"), [("globex", 403, "forbidden"), ("acme", 404, "not_found")])
@@ -523,9 +523,9 @@ def test_an_acme_admin_cannot_sync_a_globex_document(small_service, bearer, smal
     record = {"id": "globex-plan", "tenant": named, "acl": {"allow": ["everyone"], "deny": []}, "labels": [],
               "classification": "public"}  # fmt: skip
     error_of(small_service.post("/v1/sync", json={"records": [record]}, headers=bearer("admin")), status, code)
-    assert small_warehouse.store.document_tenants("globex-plan") == ["globex"]
-    (chunk_id,) = small_warehouse.store.chunk_ids_of("globex-plan")
-    assert small_warehouse.store.rows([chunk_id])[chunk_id]["classification"] == LEVELS.index("internal")
+    assert small_warehouse.store.sources.document_tenants("globex-plan") == ["globex"]
+    (chunk_id,) = small_warehouse.store.chunks.chunk_ids_of("globex-plan")
+    assert small_warehouse.store.chunks.rows([chunk_id])[chunk_id]["classification"] == LEVELS.index("internal")
 
 
 def test_ingest_of_a_record_naming_another_tenant_is_rejected(small_service, bearer, small_warehouse):
@@ -536,7 +536,7 @@ def test_ingest_of_a_record_naming_another_tenant_is_rejected(small_service, bea
     report = response.json()
     assert report["written"] == [] and len(report["rejected"]) == 1
     assert "tenant 'globex'" in report["rejected"][0]["reason"]
-    assert small_warehouse.store.document_tenants("acme-admin-into-globex") == []
+    assert small_warehouse.store.sources.document_tenants("acme-admin-into-globex") == []
 
 
 def test_an_id_another_tenant_uses_ingests_exactly_like_an_unused_one(small_service, bearer, small_warehouse):
@@ -562,7 +562,7 @@ def test_an_id_another_tenant_uses_ingests_exactly_like_an_unused_one(small_serv
 
 
 def chunk_texts_of(warehouse, doc_id: str, tenant: str) -> list[str]:
-    rows = warehouse.store.rows(warehouse.store.chunk_ids_of(doc_id, tenant), ["chunk_id", "text"])
+    rows = warehouse.store.chunks.rows(warehouse.store.chunks.chunk_ids_of(doc_id, tenant), ["chunk_id", "text"])
     return [row["text"] for _, row in sorted(rows.items())]
 
 
@@ -648,17 +648,17 @@ def limited(small_warehouse: Warehouse, serve: Callable[..., str], http: Callabl
 
 
 def test_a_body_over_the_limit_is_413_naming_the_limit(limited, bearer, small_warehouse):
-    version = small_warehouse.store.chunks_version
+    version = small_warehouse.store.chunks.version
     record = {"id": "big", "text": "x" * (2 * LIMIT), "acl": {"allow": ["everyone"]}, "classification": "public"}
     response = limited.post("/v1/ingest", json={"records": [record]}, headers=bearer("admin"))
     assert int(response.request.headers["content-length"]) > LIMIT
     message = error_of(response, 413, "payload_too_large")
     assert str(LIMIT) in message and "max_body_bytes" in message
-    assert small_warehouse.store.chunks_version == version
+    assert small_warehouse.store.chunks.version == version
 
 
 def test_a_streamed_body_over_the_limit_is_413_naming_the_limit(limited, bearer, small_warehouse):
-    version = small_warehouse.store.chunks_version
+    version = small_warehouse.store.chunks.version
     record = {"id": "big", "text": "x" * (2 * LIMIT), "acl": {"allow": ["everyone"]}, "classification": "public"}
     payload = json.dumps({"records": [record]}).encode()
     pieces = iter([payload[i : i + 1024] for i in range(0, len(payload), 1024)])
@@ -668,7 +668,7 @@ def test_a_streamed_body_over_the_limit_is_413_naming_the_limit(limited, bearer,
     assert response.request.headers["transfer-encoding"] == "chunked"
     message = error_of(response, 413, "payload_too_large")
     assert str(LIMIT) in message
-    assert small_warehouse.store.chunks_version == version
+    assert small_warehouse.store.chunks.version == version
 
 
 def test_a_streamed_body_within_the_limit_is_served(limited, bearer):
@@ -732,7 +732,7 @@ def test_the_largest_allowed_search_arguments_are_served(as_user):
 
 @pytest.mark.parametrize("agent", ["agent:notes", "agent:admin"])
 def test_an_agent_reads_and_explains_chunks_exactly_as_its_user(as_user, demo_warehouse, agent):
-    chunk_ids = sorted(demo_warehouse.store.chunk_ids_of_documents(
+    chunk_ids = sorted(demo_warehouse.store.chunks.chunk_ids_of_documents(
         (row["tenant"], row["doc_id"]) for row in raw_table(demo_warehouse.store, "sources").to_arrow().to_pylist()))[::3]  # fmt: skip
     for user in ("dave", "carol"):
         person, acting = as_user(user), as_user(user, act=agent)
@@ -748,7 +748,7 @@ def test_an_agent_reads_and_explains_chunks_exactly_as_its_user(as_user, demo_wa
 
 
 def test_another_tenants_chunk_reads_byte_for_byte_like_a_missing_one(as_user, demo_warehouse):
-    (public,) = demo_warehouse.store.chunk_ids_of("acme-pub-002")
+    (public,) = demo_warehouse.store.chunks.chunk_ids_of("acme-pub-002")
     missing = uuid.uuid4().hex
     assert as_user("dave").get(f"/v1/chunks/{public}").status_code == 200  # readable to everyone in acme
     erin = as_user("erin", tenant="globex")

@@ -180,7 +180,7 @@ REVOCATIONS = {
 @pytest.mark.parametrize("revocation", REVOCATIONS)
 def test_a_revocation_on_one_replica_closes_every_read_path_on_the_other(two_replicas, shared_warehouse, mint, revocation):
     a, b = two_replicas
-    chunk_id = shared_warehouse.store.chunk_ids_of("acme-fin-002")[0]
+    chunk_id = shared_warehouse.store.chunks.chunk_ids_of("acme-fin-002")[0]
     everywhere = reads_of(b.url, mint, chunk_id)
     assert all(everywhere.values()), f"alice should read the budget before the revocation: {everywhere}"
     try:
@@ -274,7 +274,7 @@ def test_rolling_restart_fails_no_request_to_a_live_replica_and_loses_nothing(tw
 
     assert not client.failures, client.failures[:5]
     assert len(client.saved) >= 5, f"the loop made too few writes to count ({len(client.saved)})"
-    rows = shared_warehouse.store.rows(client.saved)
+    rows = shared_warehouse.store.chunks.rows(client.saved)
     assert sorted(rows) == sorted(set(client.saved)), "a note one replica acknowledged is missing from the warehouse"
     for replica in two_replicas:
         got = httpx.get(f"{replica.url}/v1/chunks/{client.saved[-1]}", headers=alice, timeout=30)

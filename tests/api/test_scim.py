@@ -82,7 +82,7 @@ def test_a_provisioned_membership_opens_reads_and_an_okta_removal_closes_them_at
     zed_id = _user(okta, "zed")
     finance = _group(okta, "finance", [zed_id])
     assert _reads_budget(provisioning_service, zed), "the provisioned membership opens finance's rows"
-    (chunk,) = provisionable_warehouse.store.chunk_ids_of("acme-budget", "acme")
+    (chunk,) = provisionable_warehouse.store.chunks.chunk_ids_of("acme-budget", "acme")
     assert httpx.get(f"{provisioning_service}/v1/chunks/{chunk}", headers=zed).status_code == 200
     removed = _patch(okta, f"/Groups/{finance}", {"op": "remove", "path": f'members[value eq "{zed_id}"]'})
     assert removed.status_code in (200, 204), removed.text
@@ -150,7 +150,7 @@ def test_entra_style_patches_add_and_remove_members_and_deactivate_a_user(
     assert "deactivated" in refused.json()["error"]["message"]
     receipt = provisionable_warehouse.audit.query(subject="user:hank", limit=1)[0]
     assert not receipt.allowed and "deactivated in globex by the identity provider" in receipt.reason
-    (plan,) = provisionable_warehouse.store.chunk_ids_of("globex-plan", "globex")
+    (plan,) = provisionable_warehouse.store.chunks.chunk_ids_of("globex-plan", "globex")
     erin = "user:erin"  # globex's auditor asks about hank
     assert not provisionable_warehouse.explain(plan, subject="user:hank", caller=erin, tenant="globex").allowed
     assert provisionable_warehouse.access_review(subject="user:hank", caller=erin, tenant="globex").rows == 0
@@ -254,7 +254,7 @@ def test_explain_names_the_scim_group_a_membership_came_from(okta: httpx.Client,
     """Explain's membership path says the link from zed to finance is a provisioned group's, by id."""
     zed_id = _user(okta, "zed")
     finance = _group(okta, "finance", [zed_id])
-    (chunk,) = provisionable_warehouse.store.chunk_ids_of("acme-budget", "acme")
+    (chunk,) = provisionable_warehouse.store.chunks.chunk_ids_of("acme-budget", "acme")
     explanation = provisionable_warehouse.explain(chunk, subject="user:zed", tenant="acme")
     assert explanation.allowed
     assert f"SCIM group 'finance' (id {finance})" in json.dumps(explanation.as_dict())
@@ -292,7 +292,7 @@ def test_no_write_and_no_policy_can_nest_groups_past_the_limit_through_a_provisi
 
     # Were a write and an install to race past both checks, only that tenant would be refused,
     # everything but provisioning and administration, which can put it right.
-    provisionable_warehouse.store.install_policy(Policy.from_file(deep))
+    provisionable_warehouse.store.policies.install(Policy.from_file(deep))
     refused = httpx.post(f"{provisioning_service}/v1/search", json={"query": BUDGET_QUERY}, headers=bearer("alice"))
     assert refused.status_code == 403 and "provisioned in acme cannot be combined" in refused.json()["error"]["message"]
     globex = httpx.post(f"{provisioning_service}/v1/search", json={"query": BUDGET_QUERY}, headers=bearer("hank", tenant="globex"))

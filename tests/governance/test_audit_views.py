@@ -19,7 +19,7 @@ def probed_warehouse(small_warehouse: Warehouse) -> Warehouse:
     """The small corpus; alice's search returns the acme budget; dave (acme) and hank (globex) probe
     it by id with get and explain, and are refused."""
     wh = small_warehouse
-    (budget,) = wh.store.chunk_ids_of("acme-budget")
+    (budget,) = wh.store.chunks.chunk_ids_of("acme-budget")
     assert {h.chunk_id for h in wh.search("quarterly budget", subject="user:alice", tenant="acme", k=3)} >= {budget}
     for subject, tenant in (("user:dave", "acme"), ("user:hank", "globex")):
         with pytest.raises(NotFoundError):
@@ -39,7 +39,7 @@ def test_lineage_holds_no_receipt_of_another_tenant(probed_warehouse: Warehouse)
 
 
 def test_lineage_says_returned_only_of_rows_returned_and_lists_refused_probes_as_refused(probed_warehouse: Warehouse):
-    (budget,) = probed_warehouse.store.chunk_ids_of("acme-budget")
+    (budget,) = probed_warehouse.store.chunks.chunk_ids_of("acme-budget")
     receipts = probed_warehouse.lineage("acme-budget", caller="user:carol", tenant="acme")["receipts"]
     outcomes = {(r["subject"], r["operation"]): (r["outcome"], r["returned"], r["rows"]) for r in receipts}
     assert outcomes[("user:alice", "search")] == ("returned", [budget], [budget])
@@ -64,7 +64,7 @@ def test_a_forgotten_document_leaves_a_tombstone_in_its_tenants_lineage_and_no_c
     wh = small_warehouse
     assert wh.ingest_records([{"id": "acme-call", "text": f"Please {SENTINEL} before Friday.", "tenant": "acme",
                                "acl": {"allow": ["everyone"]}, "classification": "public"}]).ok  # fmt: skip
-    (chunk,) = wh.store.chunk_ids_of("acme-call")
+    (chunk,) = wh.store.chunks.chunk_ids_of("acme-call")
     note = wh.derive(f"Reminder: {SENTINEL}.", parents=[chunk], subject="user:alice", tenant="acme", kind="memory")
     wh.search("call Ruiz", subject="user:dave", tenant="acme", k=3)
     report = wh.forget("acme-call", reason="erasure request 7")
@@ -82,7 +82,7 @@ def test_a_forgotten_document_leaves_a_tombstone_in_its_tenants_lineage_and_no_c
 
 def test_a_derived_row_is_forgotten_by_its_own_id_with_everything_derived_from_it(small_warehouse: Warehouse):
     wh = small_warehouse
-    (memo,) = wh.store.chunk_ids_of("acme-memo")
+    (memo,) = wh.store.chunks.chunk_ids_of("acme-memo")
     memory = wh.derive(f"The user asked us to {SENTINEL}.", parents=[memo], subject="user:dave", tenant="acme", kind="memory")
     summary = wh.derive("Summary of a memory.", parents=[memory.chunk_id], subject="user:dave", tenant="acme")
     folder = wh.store.local_path
@@ -94,7 +94,7 @@ def test_a_derived_row_is_forgotten_by_its_own_id_with_everything_derived_from_i
         wh.forget(memory.chunk_id, reason="wrong tenant", subject="user:admin", tenant="globex")
     report = wh.forget(memory.chunk_id, reason="the user asked", subject="user:admin", tenant="acme")
     assert (report.erased_chunks, report.erased_derived) == ((), (memory.chunk_id, summary.chunk_id))
-    assert wh.store.rows([memory.chunk_id, summary.chunk_id]) == {} and wh.store.chunk_ids_of("acme-memo") == [memo]
+    assert wh.store.chunks.rows([memory.chunk_id, summary.chunk_id]) == {} and wh.store.chunks.chunk_ids_of("acme-memo") == [memo]
     assert on_disk() == []
     (tombstone,) = wh.lineage(memory.chunk_id, caller="user:carol", tenant="acme")["tombstones"]
     assert tombstone["item"] == memory.chunk_id and tombstone["subject"] == "user:admin"

@@ -26,18 +26,18 @@ def audited_warehouse(demo_policy_warehouse, make_record):
     wh.ingest_records([make_record()])
     wh.search("budget review", subject="user:alice", tenant="acme", k=3, actor="agent:helper", purpose="weekly report")
     with pytest.raises(NotFoundError):
-        wh.derive("x", parents=wh.store.chunk_ids_of("doc-1"), subject="user:dave", tenant="acme")
+        wh.derive("x", parents=wh.store.chunks.chunk_ids_of("doc-1"), subject="user:dave", tenant="acme")
     return wh
 
 
 def test_search_receipt_records_who_what_and_versions_but_not_the_query(audited_warehouse):
     (receipt,) = audited_warehouse.audit.query(operation="search")
-    chunk_id = audited_warehouse.store.chunk_ids_of("doc-1")[0]
+    chunk_id = audited_warehouse.store.chunks.chunk_ids_of("doc-1")[0]
     assert (receipt.subject, receipt.actor, receipt.tenant, receipt.purpose) == ("user:alice", "agent:helper", "acme", "weekly report")
     assert receipt.chunk_ids == (chunk_id,) and dict(receipt.chunk_labels) == {chunk_id: ("finance",)}
     assert receipt.query is None and len(receipt.query_fingerprint) == 64
     assert receipt.policy_version == audited_warehouse.policy.version
-    assert receipt.table_version == audited_warehouse.store.chunks_version
+    assert receipt.table_version == audited_warehouse.store.chunks.version
     assert receipt.withheld == 0
 
 
@@ -73,7 +73,7 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
 
 def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):
     wh = audited_warehouse
-    chunk_id = wh.store.chunk_ids_of("doc-1")[0]
+    chunk_id = wh.store.chunks.chunk_ids_of("doc-1")[0]
     summary = wh.derive("Budget summary.", parents=[chunk_id], subject="user:alice", tenant="acme")
     wh.search("budget summary", subject="user:alice", tenant="acme", k=5)
     tree = wh.lineage("doc-1")

@@ -57,8 +57,8 @@ def test_bob_with_confidential_through_a_group_but_internal_denied_sees_only_pub
 
 
 def test_bob_cannot_read_a_row_above_his_capped_clearance_by_id(leveled_warehouse: Warehouse) -> None:
-    internal = leveled_warehouse.store.chunk_ids_of("report-internal")[0]
-    public = leveled_warehouse.store.chunk_ids_of("report-public")[0]
+    internal = leveled_warehouse.store.chunks.chunk_ids_of("report-internal")[0]
+    public = leveled_warehouse.store.chunks.chunk_ids_of("report-public")[0]
     assert leveled_warehouse.get_chunk(public, subject="user:bob", tenant="acme").chunk_id == public
     with pytest.raises(NotFoundError):
         leveled_warehouse.get_chunk(internal, subject="user:bob", tenant="acme")

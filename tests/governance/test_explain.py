@@ -10,7 +10,7 @@ from ragwarden.governance.tags import GovernanceTags
 
 
 def chunk(warehouse, doc_id: str) -> str:
-    return warehouse.store.chunk_ids_of(doc_id)[0]
+    return warehouse.store.chunks.chunk_ids_of(doc_id)[0]
 
 
 def test_a_visible_row_is_explained_with_group_path_and_rule_lines(demo_warehouse):

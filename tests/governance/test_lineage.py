@@ -512,7 +512,7 @@ def test_ingest_derive_sync_and_forget_each_emit_a_valid_completed_run(
 ) -> None:
     wh = _warehouse(tmp_path, embedder)
     wh.ingest_records([RECORD])
-    chunk = wh.store.chunk_ids_of("r1")[0]
+    chunk = wh.store.chunks.chunk_ids_of("r1")[0]
     wh.derive("A note.", parents=[chunk], subject="user:dave", tenant="acme")
     wh.sync([{**RECORD, "labels": ["finance"]}])
     wh.forget("r1", reason="test")

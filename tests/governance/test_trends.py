@@ -18,7 +18,7 @@ def test_todays_searches_refusals_labels_and_documents_are_counted_from_the_rece
     for _ in range(3):
         wh.search("quarterly budget review", subject="user:alice", tenant="acme", k=2)
     with pytest.raises(NotFoundError):
-        wh.get_chunk(wh.store.chunk_ids_of("acme-budget", "acme")[0], subject="user:dave", tenant="acme")
+        wh.get_chunk(wh.store.chunks.chunk_ids_of("acme-budget", "acme")[0], subject="user:dave", tenant="acme")
     wh.search("widget warehouse", subject="user:hank", tenant="globex", k=2)  # another tenant's
     after = wh.trends(caller="user:carol", tenant="acme", days=7)
     assert after.days[-1] == datetime.now(timezone.utc).date().isoformat() and len(after.days) == 7

@@ -38,7 +38,7 @@ def lifecycle_warehouse(demo_policy_warehouse: Warehouse) -> Warehouse:
 
 
 def chunk_of(warehouse: Warehouse, doc_id: str) -> str:
-    (chunk_id,) = warehouse.store.chunk_ids_of(doc_id)
+    (chunk_id,) = warehouse.store.chunks.chunk_ids_of(doc_id)
     return chunk_id
 
 
@@ -55,7 +55,7 @@ def test_a_derived_row_is_visible_only_to_who_could_read_every_parent(lifecycle_
     assert row.chunk_id in visible_ids(wh, "user:alice")
     assert row.chunk_id not in visible_ids(wh, "user:dave")  # sees the staff note, not the finance report
     assert row.chunk_id not in visible_ids(wh, "user:carol")
-    stored = wh.store.rows([row.chunk_id])[row.chunk_id]
+    stored = wh.store.chunks.rows([row.chunk_id])[row.chunk_id]
     assert (stored["kind"], stored["parents"]) == ("summary", sorted(parents))
 
 
@@ -92,17 +92,17 @@ def test_sync_retags_chunks_and_derived_rows_transitively_without_reembedding(li
     assert (report.chunks, report.derived) == (1, 2)
     assert not set(ids) & visible_ids(wh, "user:dave", "Friday")
     assert set(ids) <= visible_ids(wh, "user:alice", "Friday")
-    rows = wh.store.rows(ids)
+    rows = wh.store.chunks.rows(ids)
     assert all(rows[i]["labels"] == ["finance"] and rows[i]["classification"] == 2 for i in ids)
     after = {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32).tobytes() for r in raw_table(wh.store).search().limit(None).to_list()}
     assert after == vectors
 
 
 def test_sync_of_an_unknown_or_other_tenant_document_changes_nothing(lifecycle_warehouse):
-    version = lifecycle_warehouse.store.chunks_version
+    version = lifecycle_warehouse.store.chunks.version
     with pytest.raises(NotFoundError, match="'nope' not found"):
         lifecycle_warehouse.sync([doc("staff", "", ["everyone"]), doc("nope", "", ["everyone"])])
-    assert lifecycle_warehouse.store.chunks_version == version
+    assert lifecycle_warehouse.store.chunks.version == version
 
 
 def test_forget_erases_the_source_and_its_derived_rows_from_every_file(lifecycle_warehouse, tmp_path):
@@ -121,9 +121,9 @@ def test_forget_erases_the_source_and_its_derived_rows_from_every_file(lifecycle
     assert (report.chunks, report.derived) == (1, 1)
     assert files_holding_sentinel() == []
     assert wh.search(SENTINEL, subject="user:dave", tenant="acme", k=5, mode="fts") == []
-    assert summary.chunk_id not in wh.store.rows([summary.chunk_id])
-    assert wh.store.source_states([("acme", "secret")]) == {}
-    assert wh.store.versions_left() == {"chunks": 1, "sources": 1}
+    assert summary.chunk_id not in wh.store.chunks.rows([summary.chunk_id])
+    assert wh.store.sources.states([("acme", "secret")]) == {}
+    assert wh.store.maintenance.versions_left() == {"chunks": 1, "sources": 1}
     assert {h.doc_id for h in wh.search("office Friday", subject="user:dave", tenant="acme", k=5)} == {"staff"}
 
 
@@ -137,7 +137,7 @@ def test_forget_needs_a_reason_and_an_existing_document(lifecycle_warehouse):
 def test_hits_carry_versions_and_min_version_is_honoured(lifecycle_warehouse):
     wh = lifecycle_warehouse
     (hit,) = wh.search("office", subject="user:dave", tenant="acme", k=1)
-    assert hit.table_version == wh.store.chunks_version and hit.policy_version == wh.policy.version
+    assert hit.table_version == wh.store.chunks.version and hit.policy_version == wh.policy.version
     assert wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version)
     with pytest.raises(WarehouseError, match="older than"):
         wh.search("office", subject="user:dave", tenant="acme", k=1, min_version=hit.table_version + 100)
@@ -157,7 +157,7 @@ def test_reingesting_changed_text_removes_rows_derived_from_the_old_chunks(lifec
     wh = lifecycle_warehouse
     summary = wh.derive("Early Friday.", parents=[chunk_of(wh, "staff")], subject="user:dave", tenant="acme")
     wh.ingest_records([doc("staff", "The office now closes at the usual time.", ["group:staff"])])
-    assert wh.store.rows([summary.chunk_id]) == {}
+    assert wh.store.chunks.rows([summary.chunk_id]) == {}
     assert summary.chunk_id not in visible_ids(wh, "user:dave", "Friday")
 
 
@@ -171,29 +171,29 @@ def test_explain_reads_another_tenants_row_as_missing(lifecycle_warehouse):
 def test_a_tenant_admin_syncing_another_tenants_document_meets_not_found_like_an_unknown_id(lifecycle_warehouse):
     wh = lifecycle_warehouse
     wh.ingest_records([{**doc("globex-only", "Globex board minutes.", ["group:staff"]), "tenant": "globex"}])
-    version, before = wh.store.chunks_version, wh.store.source_tags([("globex", "globex-only")])
+    version, before = wh.store.chunks.version, wh.store.sources.tags([("globex", "globex-only")])
     errors = []
     for doc_id in ("globex-only", "never-ingested"):
         with pytest.raises(NotFoundError) as caught:
             wh.sync([doc(doc_id, "", ["everyone"])], subject="user:admin", tenant="acme")
         errors.append(str(caught.value).replace(doc_id, "ID"))
     assert errors[0] == errors[1]  # the other tenant's document reads exactly as a missing one
-    assert wh.store.chunks_version == version and wh.store.source_tags([("globex", "globex-only")]) == before
+    assert wh.store.chunks.version == version and wh.store.sources.tags([("globex", "globex-only")]) == before
 
 
 def test_forget_leaves_another_tenants_document_named_like_one_of_its_chunks(lifecycle_warehouse):
     """A source chunk names its document as parent: a globex document whose id is one of acme's
     chunk ids must not read as derived from that chunk when acme's document is forgotten."""
     wh = lifecycle_warehouse
-    (staff_chunk,) = wh.store.chunk_ids_of("staff", "acme")
+    (staff_chunk,) = wh.store.chunks.chunk_ids_of("staff", "acme")
     wh.ingest_records([{**doc(staff_chunk, "Globex canteen menu for June.", ["group:staff"]), "tenant": "globex"}])
-    globex_chunks = wh.store.chunk_ids_of(staff_chunk, "globex")
+    globex_chunks = wh.store.chunks.chunk_ids_of(staff_chunk, "globex")
     assert globex_chunks
 
     report = wh.forget("staff", tenant="acme", reason="test")
     assert (report.chunks, report.derived) == (1, 0)
-    assert wh.store.chunk_ids_of(staff_chunk, "globex") == globex_chunks
-    assert wh.store.document_tenants(staff_chunk) == ["globex"]
+    assert wh.store.chunks.chunk_ids_of(staff_chunk, "globex") == globex_chunks
+    assert wh.store.sources.document_tenants(staff_chunk) == ["globex"]
 
 
 def test_a_sync_that_loses_a_commit_race_derives_again_from_the_winners_tags(lifecycle_warehouse, monkeypatch):
@@ -204,7 +204,7 @@ def test_a_sync_that_loses_a_commit_race_derives_again_from_the_winners_tags(lif
     planned = racing(wh, monkeypatch, lambda: replica.sync([doc("staff", "", ["group:staff"], ["hr"])]))
     wh.sync([doc("fin", "", ["user:alice"], ["finance"], "confidential")])  # narrowed: finance -> alice only
     assert len(planned) == 2 and planned[1] > planned[0], "the losing sync planned again, from the winner's version"
-    tags = wh.store.rows([note.chunk_id])[note.chunk_id]
+    tags = wh.store.chunks.rows([note.chunk_id])[note.chunk_id]
     assert sorted(tags["labels"]) == ["finance", "hr"]  # the winner's label kept
     assert sorted(tags["acl_allow"]) == ["group:staff", "user:alice"]  # the narrowed ACL applied
     assert note.chunk_id not in visible_ids(wh, "user:olivia")  # finance, but no longer on fin's ACL
@@ -218,7 +218,7 @@ def test_a_derive_racing_a_sync_of_its_parent_takes_the_parents_new_tags(lifecyc
     note = wh.derive("Office closes early Friday.", parents=[chunk_of(wh, "staff")], subject="user:alice", tenant="acme")
     assert len(planned) == 2
     assert note.tags.labels == frozenset({"finance"}) and note.tags.acl_deny == frozenset({"user:dave"})
-    stored = wh.store.rows([note.chunk_id])[note.chunk_id]
+    stored = wh.store.chunks.rows([note.chunk_id])[note.chunk_id]
     assert (stored["labels"], stored["acl_deny"]) == (["finance"], ["user:dave"])
 
 

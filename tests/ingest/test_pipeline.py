@@ -53,7 +53,7 @@ def test_a_missing_path_is_rejected_by_name(fresh_warehouse, tmp_path):
 def test_a_progress_bar_runs_when_asked(fresh_warehouse, capsys):
     corpus = Path(__file__).resolve().parents[2] / "examples" / "demo" / "corpus.jsonl"
     report = run_ingest(
-        read_jsonl(corpus), store=fresh_warehouse.store, embedder=fresh_warehouse.embedder, overlap=32, batch_docs=8, progress=True
+        read_jsonl(corpus), doors=fresh_warehouse.store.write_doors(), embedder=fresh_warehouse.embedder, overlap=32, batch_docs=8, progress=True
     )
     assert report.documents == 32
     err = capsys.readouterr().err

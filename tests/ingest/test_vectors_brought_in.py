@@ -88,7 +88,7 @@ def test_a_query_vector_of_another_model_or_dimension_is_refused_naming_both(
 
 def test_the_warehouse_records_its_model_and_refuses_to_open_with_another(tmp_path: Path, embedder: Embedder):
     uri = str(tmp_path / "wh")
-    assert Warehouse(Settings(warehouse=uri), embedder=embedder).store.embedding_model == MODEL_NAME
+    assert Warehouse(Settings(warehouse=uri), embedder=embedder).store.chunks.embedding_model == MODEL_NAME
     chunks = lancedb.connect(uri).open_table("chunks").to_lance()
     chunks.update_schema_metadata({"ragwarden:embedding_model": "BAAI/bge-small-en-v1.5"})  # written by another model
     with pytest.raises(ConfigurationError, match=f"made by 'BAAI/bge-small-en-v1.5'; this process embeds with '{MODEL_NAME}'"):

@@ -89,21 +89,21 @@ def test_every_chunk_inherits_its_documents_tags_exactly(fresh_warehouse, make_r
 def test_reingesting_unchanged_documents_writes_nothing(fresh_warehouse, make_record):
     records = [make_record(id=f"doc-{i}", text=f"Note {i}: {LONG[:300]}") for i in range(5)]
     fresh_warehouse.ingest_records(records)
-    versions = (fresh_warehouse.store.chunks_version, raw_table(fresh_warehouse.store, "sources").version)
+    versions = (fresh_warehouse.store.chunks.version, raw_table(fresh_warehouse.store, "sources").version)
     again = fresh_warehouse.ingest_records(records)
     assert (again.documents, again.unchanged, again.chunks) == (0, 5, 0)
-    assert (fresh_warehouse.store.chunks_version, raw_table(fresh_warehouse.store, "sources").version) == versions
+    assert (fresh_warehouse.store.chunks.version, raw_table(fresh_warehouse.store, "sources").version) == versions
 
 
 def test_changed_document_replaces_its_chunks_so_no_version_shows_both_or_neither(fresh_warehouse, make_record):
     fresh_warehouse.ingest_records([make_record(text=LONG)])
-    first = fresh_warehouse.store.chunks_version
+    first = fresh_warehouse.store.chunks.version
     fresh_warehouse.ingest_records([make_record(text=LONG.replace("budget", "forecast"))])
     fresh_warehouse.ingest_records([make_record(text="A short third version.")])
     db = lancedb.connect(fresh_warehouse.uri)
     table = db.open_table("chunks")
     seen_versions = set()
-    for version in range(first, fresh_warehouse.store.chunks_version + 1):
+    for version in range(first, fresh_warehouse.store.chunks.version + 1):
         table.checkout(version)
         doc_versions = {row["doc_version"] for row in table.search().where("doc_id = 'doc-1'").limit(None).to_list()}
         assert len(doc_versions) == 1, f"table version {version} shows {len(doc_versions)} document versions"
@@ -127,7 +127,7 @@ def test_two_ingests_of_a_document_without_chunks_at_once_leave_only_the_later_c
 
     def rival() -> None:  # ingests the document, and derives a note from it, between our plan and commit
         assert replica.ingest_records([wider]).ok
-        parent = replica.store.chunk_ids_of("doc-1", "acme")
+        parent = replica.store.chunks.chunk_ids_of("doc-1", "acme")
         notes.append(replica.derive("Travel is open.", parents=parent, subject="user:alice", tenant="acme").chunk_id)
 
     racing(wh, monkeypatch, rival)
@@ -136,7 +136,7 @@ def test_two_ingests_of_a_document_without_chunks_at_once_leave_only_the_later_c
     rows = chunk_rows(wh, "doc-1")
     assert [r["text"] for r in rows] == [narrower["text"]]
     assert {r["kind"] for r in rows} == {"chunk"} and sorted(rows[0]["acl_allow"]) == ["group:finance"]
-    assert wh.store.rows(notes) == {}, "the note derived from the superseded text went with it"
+    assert wh.store.chunks.rows(notes) == {}, "the note derived from the superseded text went with it"
     (record,) = raw_table(wh.store, "sources").to_arrow().to_pylist()
     assert record["doc_version"] == rows[0]["doc_version"]
 
@@ -180,7 +180,7 @@ def test_an_id_used_in_another_tenant_names_a_separate_document(fresh_warehouse,
 
     fresh_warehouse.forget("doc-1", tenant="globex", reason="test")
     assert chunk_rows(fresh_warehouse, "doc-1") == acme_rows
-    assert fresh_warehouse.store.document_tenants("doc-1") == ["acme"]
+    assert fresh_warehouse.store.sources.document_tenants("doc-1") == ["acme"]
 
 
 def test_the_same_text_under_the_same_id_in_two_tenants_gets_distinct_chunk_ids(fresh_warehouse, make_record):
@@ -216,10 +216,10 @@ def test_a_window_of_batches_is_embedded_in_one_call_and_committed_batch_by_batc
     )
     warehouse = Warehouse(Settings(warehouse=str(tmp_path / "wh"), write_batch_docs=2), embedder=embedder)
     commits: list[list[str]] = []
-    record = warehouse.store.record_sources  # called once per committed batch, with its documents
+    record = warehouse.store.sources.record  # called once per committed batch, with its documents
     monkeypatch.setattr(
-        warehouse.store,
-        "record_sources",
+        warehouse.store.sources,
+        "record",
         lambda rows, **k: commits.append([row["doc_id"] for row in rows]) or record(rows, **k),
     )
     report = warehouse.ingest_records([make_record(id=f"d{i}", text=f"Document number {i}.") for i in range(5)])

@@ -164,7 +164,7 @@ def test_an_id_or_uri_that_looks_like_a_path_stays_an_opaque_string(
     assert report.ok, report.rejected
     created = {p for p in tmp_path.rglob("*")} - before
     assert all(Path(demo_policy_warehouse.uri) in p.parents for p in created)  # nothing written outside
-    (chunk_id,) = demo_policy_warehouse.store.chunk_ids_of(doc_id)
+    (chunk_id,) = demo_policy_warehouse.store.chunks.chunk_ids_of(doc_id)
     url = serve(demo_policy_warehouse)
     response = httpx.get(f"{url}/v1/chunks/{chunk_id}", headers=bearer("dave"), timeout=60)
     assert response.status_code == 200 and response.json()["doc_id"] == doc_id

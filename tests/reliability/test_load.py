@@ -89,7 +89,7 @@ def test_eight_clients_for_a_minute_while_one_ingests_get_no_error_and_no_leak(
             thread.join(180)
 
     rows = raw_table(warehouse.store).search().select(ORACLE_COLUMNS).limit(None).to_list()
-    oracle, registry = world_of_policy(policy_file("demo.csv").read_text(encoding="utf-8")), warehouse.store.clause_registry()
+    oracle, registry = world_of_policy(policy_file("demo.csv").read_text(encoding="utf-8")), warehouse.store.registries.clauses()
     labels = {row["chunk_id"]: tuple(row["labels"]) for row in rows}
     visible = {(u, t): oracle_visible(oracle, f"user:{u}", t, rows, registry) for u, t in set(CALLERS)}
     errors = [r for r in results if r["status"] != 200]

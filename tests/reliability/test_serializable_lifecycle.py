@@ -59,7 +59,7 @@ def shared_lineage_warehouse(tmp_path: Path, onnx_embedder: Embedder) -> Warehou
     for record in records:  # root, who derives, reads every document at the start
         record["acl"] = {"allow": sorted({*record["acl"]["allow"], lw.ACTOR}), "deny": []}
     assert warehouse.ingest_records(records).ok
-    first = {doc: warehouse.store.chunk_ids_of(doc, lw.TENANT)[0] for doc in lw.DOCUMENTS}
+    first = {doc: warehouse.store.chunks.chunk_ids_of(doc, lw.TENANT)[0] for doc in lw.DOCUMENTS}
 
     def derive(text: str, parents: list[str]) -> str:
         return warehouse.derive(text, parents=parents, subject=lw.ACTOR, tenant=lw.TENANT, kind="note").chunk_id
@@ -75,7 +75,7 @@ def test_concurrent_lifecycle_writes_leave_every_derived_row_exactly_its_parents
     shared_lineage_warehouse: Warehouse, tmp_path: Path
 ):
     warehouse = shared_lineage_warehouse
-    assert not lw.lineage_violations(_rows_at(warehouse), warehouse.store.clause_registry())
+    assert not lw.lineage_violations(_rows_at(warehouse), warehouse.store.registries.clauses())
     context = multiprocessing.get_context("spawn")
     start, barrier = context.Event(), context.Barrier(WORKERS + 1)
     results = [tmp_path / f"worker-{n}.json" for n in range(WORKERS)]
@@ -89,14 +89,14 @@ def test_concurrent_lifecycle_writes_leave_every_derived_row_exactly_its_parents
     for process in processes:
         process.start()
     start.set()
-    checked_version = warehouse.store.chunks_version
+    checked_version = warehouse.store.chunks.version
     versions_checked = 0
     problems: list[str] = []
     try:
         for round_ in range(ROUNDS):
             barrier.wait(300)  # every worker is between rounds: nothing is being written
-            registry = warehouse.store.clause_registry()
-            latest = warehouse.store.chunks_version
+            registry = warehouse.store.registries.clauses()
+            latest = warehouse.store.chunks.version
             problems += [f"round {round_}: {p}" for p in lw.lineage_violations(_rows_at(warehouse), registry)]
             problems += [f"round {round_}: {p}" for p in lw.document_violations(_rows_at(warehouse), _sources(warehouse))]
             kept = {v["version"] for v in raw_table(warehouse.store).list_versions()}

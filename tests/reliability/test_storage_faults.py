@@ -35,7 +35,7 @@ def _truncate(path: Path) -> None:
 def test_a_damaged_data_file_is_named_and_nothing_is_answered(
     small_warehouse: Warehouse, serve: Callable[..., str], bearer: Callable[..., dict[str, str]], damage
 ):
-    (chunk_id, *_) = small_warehouse.store.chunk_ids_of("acme-memo")
+    (chunk_id, *_) = small_warehouse.store.chunks.chunk_ids_of("acme-memo")
     url = serve(small_warehouse)
     damaged = _data_files(small_warehouse, "chunks")
     for path in damaged:
@@ -81,16 +81,16 @@ FULL_DISK_INGEST = textwrap.dedent("""
 @pytest.mark.parametrize("limit", [4_000, 40_000])
 @pytest.mark.usefixtures("onnx_workers")
 def test_a_full_disk_fails_the_write_cleanly_and_keeps_the_last_good_version(small_warehouse: Warehouse, limit: int):
-    version, rows = small_warehouse.store.chunks_version, small_warehouse.store.count()
+    version, rows = small_warehouse.store.chunks.version, small_warehouse.store.chunks.count()
     before = [h.chunk_id for h in small_warehouse.search("meeting minutes cafeteria", subject="user:alice", tenant="acme")]
     run = subprocess.run([sys.executable, "-c", FULL_DISK_INGEST, small_warehouse.uri, str(limit)],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 3, run.stderr[-2000:]
     assert "File too large" in run.stdout and "Committed versions are untouched" in run.stdout
     reopened = Warehouse(Settings(warehouse=small_warehouse.uri), embedder=small_warehouse.embedder)
-    assert (reopened.store.chunks_version, reopened.store.count()) == (version, rows)
+    assert (reopened.store.chunks.version, reopened.store.chunks.count()) == (version, rows)
     assert [h.chunk_id for h in reopened.search("meeting minutes cafeteria", subject="user:alice", tenant="acme")] == before
     report = reopened.ingest_records([{"id": "after", "text": "Minutes of the meeting after the disk was freed.",
                                        "tenant": "acme", "acl": {"allow": ["everyone"]}, "labels": [],
                                        "classification": "public"}])  # fmt: skip
-    assert report.ok and reopened.store.chunk_ids_of("after")
+    assert report.ok and reopened.store.chunks.chunk_ids_of("after")

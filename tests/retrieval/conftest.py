@@ -25,7 +25,7 @@ def demo_rows(demo_warehouse: Warehouse) -> list[dict]:
 def visible_to(demo_warehouse: Warehouse, demo_rows: list[dict]) -> Callable[[str, str], list[dict]]:
     """The rows a subject may read, asked of the enforcer row by row over the whole table."""
     policy = demo_warehouse.policy
-    registry = demo_warehouse.store.clause_registry()
+    registry = demo_warehouse.store.registries.clauses()
 
     def visible(subject: str, tenant: str) -> list[dict]:
         return [row for row in demo_rows if check_row(policy, subject, tenant, row, registry).allowed]
@@ -42,6 +42,6 @@ def small_world() -> World:
 def indexed_warehouse(small_world: World, tmp_path: Path) -> Warehouse:
     """The world written, scalar and vector indexes built (the row floor lowered to fit a test)."""
     store = write_warehouse(small_world, tmp_path / "wh")
-    report = store.optimize(vector_index_min_rows=1_000)
-    assert report.vector_index is not None and store.has_vector_index()
+    report = store.maintenance.optimize(vector_index_min_rows=1_000)
+    assert report.vector_index is not None and store.chunks.has_vector_index()
     return Warehouse(Settings(warehouse=str(tmp_path / "wh")), embedder=None)  # type: ignore[arg-type]

@@ -48,7 +48,7 @@ def test_copies_of_one_text_fill_the_answer_unless_distinct(licence_copies_wareh
 
 
 def test_group_by_doc_keeps_at_most_per_group_chunks_of_a_document(licence_copies_warehouse: Warehouse):
-    assert len(licence_copies_warehouse.store.chunk_ids_of("handbook", "acme")) > 3, "a document of many chunks"
+    assert len(licence_copies_warehouse.store.chunks.chunk_ids_of("handbook", "acme")) > 3, "a document of many chunks"
     for per_group in (1, 2):
         hits = _search(licence_copies_warehouse, 6, group_by="doc", per_group=per_group)
         docs = [hit.doc_id for hit in hits]

@@ -107,12 +107,12 @@ def test_the_answer_is_the_same_whatever_the_budget_holds(demo_warehouse: Wareho
     """Held with its columns, held as statistics and chunk ids (the winners read back by id), or
     not held at all: the same hits and the same scores."""
     store = demo_warehouse.store
-    roomy = Searcher(store, None, flat_cache_bytes=64 * 2**20)  # type: ignore[arg-type]
+    roomy = Searcher(store.read_doors(), None, flat_cache_bytes=64 * 2**20)  # type: ignore[arg-type]
     expected = _answers(roomy, demo_warehouse, "user:carol", mode)
     assert any(expected)
     lexical_bytes = roomy.visible.nbytes - (0 if mode == "fts" else _vector_bytes(roomy))
-    tight = Searcher(store, None, flat_cache_bytes=4 * (lexical_bytes - 1))  # type: ignore[arg-type]
-    none = Searcher(store, None, flat_cache_bytes=0)  # type: ignore[arg-type]
+    tight = Searcher(store.read_doors(), None, flat_cache_bytes=4 * (lexical_bytes - 1))  # type: ignore[arg-type]
+    none = Searcher(store.read_doors(), None, flat_cache_bytes=0)  # type: ignore[arg-type]
     assert _answers(tight, demo_warehouse, "user:carol", mode) == expected
     assert 0 < tight.visible.nbytes - (0 if mode == "fts" else _vector_bytes(tight)) < lexical_bytes  # ids only
     assert _answers(none, demo_warehouse, "user:carol", mode) == expected and len(none.visible) == 0

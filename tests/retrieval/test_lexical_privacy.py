@@ -179,8 +179,8 @@ def corpora(draw: st.DrawFn) -> tuple[World, str, str, list[GovernanceTags], lis
 def _write(folder: str, tags: list[GovernanceTags], texts: list[str], vectors: list[list[float]]) -> Store:
     store = Store(folder, dimension=2)
     for one in tags:
-        store.register_clauses(one.clauses_by_token)
-    store.register_labels(label for one in tags for label in one.labels)
+        store.registries.register_clauses(one.clauses_by_token)
+    store.registries.register_labels(label for one in tags for label in one.labels)
     rows = [
         {"chunk_id": f"c{index}", "doc_id": f"d{index}", "source_uri": f"test://{index}", "doc_version": "v1",
          "kind": "chunk", "position": 0, "text": text, "vector": vector, **one.row_columns(), "parents": [],
@@ -215,16 +215,16 @@ def test_a_callers_answer_is_the_answer_once_every_row_it_may_not_read_is_delete
     policy = Policy.from_text(world.csv_text())
     with tempfile.TemporaryDirectory() as folder:
         store = _write(folder, tags, texts, vectors)
-        searcher = Searcher(store, None)  # type: ignore[arg-type]
+        searcher = Searcher(store.read_doors(), None)  # type: ignore[arg-type]
         rows = raw_table(store).to_arrow().to_pylist()
-        visible = oracle_visible(world, reader, tenant, rows, store.clause_registry())
+        visible = oracle_visible(world, reader, tenant, rows, store.registries.clauses())
         answers = {mode: _search(searcher, policy, reader, tenant, query, k, mode) for mode in ("fts", "hybrid")}
         assert {chunk_id for chunk_id, _ in answers["fts"] + answers["hybrid"]} <= visible
 
         hidden = sorted(row["chunk_id"] for row in rows if row["chunk_id"] not in visible)
         if hidden:  # deleted, and erased as ``forget`` erases: files rewritten, text index rebuilt
             raw_table(store).delete("chunk_id IN (" + ", ".join(f"'{chunk_id}'" for chunk_id in hidden) + ")")
-            store.purge_history()
+            store.maintenance.purge_history()
         for mode, answer in answers.items():
             assert _search(searcher, policy, reader, tenant, query, k, mode) == answer, mode
     event("rows hidden: " + ("none" if not hidden else "some"))

@@ -62,8 +62,8 @@ def test_held_rows_and_the_serving_index_take_a_rows_current_metadata(
     first = top()
     assert first.metadata.keys() == {"bucket"}
     store = indexed_warehouse.store
-    fields = pa.schema([store.chunks_schema.field(name) for name in ("chunk_id", "metadata")])
-    store.replace_columns(pa.table({"chunk_id": [first.chunk_id], "metadata": [json.dumps({"title": "renamed"})]}, schema=fields))
+    fields = pa.schema([store.chunks.schema.field(name) for name in ("chunk_id", "metadata")])
+    store.chunks.replace_columns(pa.table({"chunk_id": [first.chunk_id], "metadata": [json.dumps({"title": "renamed"})]}, schema=fields))
     again = top()
     assert again.chunk_id == first.chunk_id and again.metadata == {"title": "renamed"}
 

@@ -57,15 +57,15 @@ def hostile_metadata_warehouse(world: World, tmp_path_factory: pytest.TempPathFa
     store = write_warehouse(world, folder)
     rng = np.random.default_rng(5)
     ids = world.rows.ids
-    schema = store.chunks_schema
-    store.replace_columns(
+    schema = store.chunks.schema
+    store.chunks.replace_columns(
         pa.table({
             "chunk_id": ids,
             "metadata": [json.dumps(_metadata(rng)) for _ in ids],
             "created_at": [START + timedelta(hours=i) for i in range(len(ids))],
         }, schema=pa.schema([schema.field(name) for name in ("chunk_id", "metadata", "created_at")]))
     )  # fmt: skip
-    store.optimize(vector_index_min_rows=1_000)
+    store.maintenance.optimize(vector_index_min_rows=1_000)
     return Warehouse(Settings(warehouse=str(folder)), embedder=None)  # type: ignore[arg-type]
 
 
@@ -198,7 +198,7 @@ def test_a_filter_matches_exactly_the_rows_its_plain_reading_says(
     expression = data.draw(FILTERS)
     compiled = narrowing(expression)
     assert compiled is not None
-    found = {row["chunk_id"] for row in hostile_metadata_warehouse.store.rows_where(compiled.sql, ["chunk_id"])}
+    found = {row["chunk_id"] for row in hostile_metadata_warehouse.store.chunks.rows_where(compiled.sql, ["chunk_id"])}
     assert found == {row["chunk_id"] for row in stored_rows if matches(expression, row)}, compiled.sql
 
 
@@ -212,7 +212,7 @@ def test_a_filter_evaluated_in_memory_over_the_rows_matches_exactly_what_its_pla
     expression = data.draw(FILTERS)
     compiled = narrowing(expression)
     assert compiled is not None
-    fields = VisibleFields.from_arrow(hostile_metadata_warehouse.store.read_at(None, "TRUE", FIELD_COLUMNS))
+    fields = VisibleFields.from_arrow(hostile_metadata_warehouse.store.chunks.read_at(None, "TRUE", FIELD_COLUMNS))
     found = set(fields.chunk_ids.filter(pa.array(compiled.mask(fields))).to_pylist())
     assert found == {row["chunk_id"] for row in stored_rows if matches(expression, row)}, expression
 
@@ -239,7 +239,7 @@ def test_a_filtered_search_returns_the_top_k_of_rows_visible_and_matching(
     policy = hostile_metadata_warehouse.policy
     found = searcher.search("q", policy=policy, caller=Caller(subject=subject, tenant=TENANT), k=K, vector=query,
                             narrowing=narrowing(expression))  # fmt: skip
-    registry = hostile_metadata_warehouse.store.clause_registry()
+    registry = hostile_metadata_warehouse.store.registries.clauses()
     eligible = [row for row in stored_rows
                 if matches(expression, row) and check_row(policy, subject, TENANT, row, registry).allowed]  # fmt: skip
     scores = [float(np.dot(query, row["vector"]) / np.linalg.norm(row["vector"]) / np.linalg.norm(query)) for row in eligible]
@@ -252,8 +252,8 @@ def _searcher(warehouse: Warehouse, plan: str) -> Searcher:
     if plan == "planned":
         return warehouse._searcher
     if plan == "flat":
-        return Searcher(warehouse.store, None, flat_max_rows=10**9)  # type: ignore[arg-type]
-    searcher = Searcher(warehouse.store, None, flat_max_rows=-1, resident_index_bytes=2**28, resident_min_rows=0)  # type: ignore[arg-type]
+        return Searcher(warehouse.store.read_doors(), None, flat_max_rows=10**9)  # type: ignore[arg-type]
+    searcher = Searcher(warehouse.store.read_doors(), None, flat_max_rows=-1, resident_index_bytes=2**28, resident_min_rows=0)  # type: ignore[arg-type]
     searcher.serving.build_now()
     return searcher
 
@@ -314,7 +314,7 @@ def test_a_metadata_field_named_like_a_governance_column_is_reached_through_its_
 ):
     compiled = narrowing({"metadata.labels": {"$in": HOSTILE_TEXT}})
     assert compiled is not None
-    found = {row["chunk_id"] for row in hostile_metadata_warehouse.store.rows_where(compiled.sql, ["chunk_id"])}
+    found = {row["chunk_id"] for row in hostile_metadata_warehouse.store.chunks.rows_where(compiled.sql, ["chunk_id"])}
     assert found and found == {row["chunk_id"] for row in stored_rows if row["metadata"].get("labels") in HOSTILE_TEXT}
 
 
@@ -349,8 +349,8 @@ def test_a_filtered_text_search_ranks_what_both_filters_anded_in_lance_would(
         found = searcher.search(query, policy=policy, caller=caller, k=K, mode=mode, vector=vector, narrowing=narrowing(expression))
         return [(hit.chunk_id, round(hit.score, 5)) for hit in found.hits]
 
-    routed = answer(Searcher(hostile_metadata_warehouse.store, None))  # type: ignore[arg-type]
-    plain = Searcher(hostile_metadata_warehouse.store, None)  # type: ignore[arg-type]
+    routed = answer(Searcher(hostile_metadata_warehouse.store.read_doors(), None))  # type: ignore[arg-type]
+    plain = Searcher(hostile_metadata_warehouse.store.read_doors(), None)  # type: ignore[arg-type]
     monkeypatch.setattr(plain, "_visible_fields", lambda where, version: None)  # as if that version were gone: Lance
     assert routed == answer(plain)
 
@@ -409,5 +409,5 @@ def test_where_lance_evaluates_a_filter_it_refines_only_the_rows_the_caller_may_
     ).analyze_plan()
     refining = next(line for line in plan.splitlines() if "refine_filter=" in line and "refine_filter=--" not in line)
     scanned = int(refining.split("rows_scanned=")[1].split(",")[0])
-    assert scanned == hostile_metadata_warehouse.store.count(where) < len(world.rows.ids) / 5
+    assert scanned == hostile_metadata_warehouse.store.chunks.count(where) < len(world.rows.ids) / 5
     assert "ScalarIndexQuery" in plan and "doc_id_idx" not in plan

@@ -29,7 +29,7 @@ def test_reviewing_someone_else_needs_audit(demo_warehouse):
 def test_inventory_groups_labelled_rows_by_source_including_derived(demo_policy_warehouse, make_record):
     wh = demo_policy_warehouse
     wh.ingest_records([make_record(id="a", labels=["finance"]), make_record(id="b", text="Other budget.", labels=["finance"])])
-    parents = wh.store.chunk_ids_of("a") + wh.store.chunk_ids_of("b")
+    parents = wh.store.chunks.chunk_ids_of("a") + wh.store.chunks.chunk_ids_of("b")
     derived = wh.derive("Both budgets.", parents=parents, subject="user:alice", tenant="acme")
     found = wh.inventory(label="finance", tenant="acme", caller="user:carol")
     assert found == {"a": sorted([parents[0], derived.chunk_id]), "b": sorted([parents[1], derived.chunk_id])}

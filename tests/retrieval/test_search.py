@@ -178,7 +178,7 @@ def _alone_and_together(search: Callable[[str], list[str]]) -> tuple[dict[str, l
 
 
 def test_concurrent_searches_embed_their_queries_together_and_answer_as_alone(demo_warehouse, export_cache):
-    batching = Searcher(demo_warehouse.store, Embedder(backend="onnx", cache_dir=export_cache))  # fp32: batches
+    batching = Searcher(demo_warehouse.store.read_doors(), Embedder(backend="onnx", cache_dir=export_cache))  # fp32: batches
     caller = Caller(subject="user:carol", tenant="acme")
 
     def search(query: str) -> list[str]:

@@ -33,11 +33,11 @@ BUDGET = 256 * 2**20
 
 def resident_searcher(warehouse: Warehouse, *, budget: int = BUDGET) -> Searcher:
     """A searcher whose every broad search may use the serving index (no row floor)."""
-    return Searcher(warehouse.store, None, flat_max_rows=-1, resident_index_bytes=budget, resident_min_rows=0)  # type: ignore[arg-type]
+    return Searcher(warehouse.store.read_doors(), None, flat_max_rows=-1, resident_index_bytes=budget, resident_min_rows=0)  # type: ignore[arg-type]
 
 
 def exact_searcher(warehouse: Warehouse) -> Searcher:
-    return Searcher(warehouse.store, None, flat_max_rows=10**9)  # type: ignore[arg-type]
+    return Searcher(warehouse.store.read_doors(), None, flat_max_rows=10**9)  # type: ignore[arg-type]
 
 
 def queries(world: World, count: int, seed: int = 3) -> np.ndarray:
@@ -70,7 +70,7 @@ def test_a_broad_caller_gets_the_exact_top_k_of_its_visible_rows_through_the_ser
     subject = small_world.subjects[share]
     view = served.view(indexed_warehouse.policy, Caller(subject=subject, tenant=TENANT))  # type: ignore[arg-type]
     where = served.prefilter(view)
-    assert served.plan(where, indexed_warehouse.store.chunks_version) == "resident"
+    assert served.plan(where, indexed_warehouse.store.chunks.version) == "resident"
     exact = exact_searcher(indexed_warehouse)
     found = expected = 0
     for vector in queries(small_world, 40):
@@ -79,7 +79,7 @@ def test_a_broad_caller_gets_the_exact_top_k_of_its_visible_rows_through_the_ser
             top_ids(exact, indexed_warehouse, subject, vector),
         )
         assert len(got) == len(want) == K  # k always filled
-        assert set(got) <= {row["chunk_id"] for row in indexed_warehouse.store.rows_where(where, ["chunk_id"])}
+        assert set(got) <= {row["chunk_id"] for row in indexed_warehouse.store.chunks.rows_where(where, ["chunk_id"])}
         found += len(set(got) & set(want))
         expected += K
     assert found / expected >= 0.99
@@ -94,7 +94,7 @@ def test_a_row_taken_from_a_reader_is_gone_at_the_next_search_though_the_index_s
     raw_table(indexed_warehouse.store).update(where=f"chunk_id = '{first}'", values={"tenant": "elsewhere"})
     after = top_ids(served, indexed_warehouse, reader, vector)
     assert first not in after and len(after) == K
-    index = served.serving.usable(indexed_warehouse.store.count())
+    index = served.serving.usable(indexed_warehouse.store.chunks.count())
     assert index is not None and index.positions(pa.array([first]))[0] >= 0  # still in the graph, never returned
 
 
@@ -108,7 +108,7 @@ def test_an_index_over_budget_leaves_searches_to_lance_and_says_why(
     status = searcher.serving.status()
     assert status.state == "over budget" and "resident_index_mb" in status.reason
     view = searcher.view(indexed_warehouse.policy, Caller(subject=subject, tenant=TENANT))  # type: ignore[arg-type]
-    assert searcher.plan(searcher.prefilter(view), indexed_warehouse.store.chunks_version) == "index"
+    assert searcher.plan(searcher.prefilter(view), indexed_warehouse.store.chunks.version) == "index"
 
 
 def test_the_first_search_starts_a_build_in_the_background_and_later_ones_use_it(
@@ -127,7 +127,7 @@ def test_the_first_search_starts_a_build_in_the_background_and_later_ones_use_it
 def test_a_stored_artifact_is_what_a_new_replica_loads_and_an_erasure_s_purge_removes_it(
     indexed_warehouse: Warehouse, small_world: World, tmp_path: Path
 ) -> None:
-    stored = serving.store_artifact(indexed_warehouse.store)
+    stored = serving.store_artifact(indexed_warehouse.store.read_doors())
     assert stored is not None
     folder = Path(indexed_warehouse.uri) / "resident_index"
     assert sorted(path.suffix for path in folder.iterdir()) == [".faiss", ".rows"]
@@ -137,16 +137,16 @@ def test_a_stored_artifact_is_what_a_new_replica_loads_and_an_erasure_s_purge_re
     subject, vector = small_world.subjects[0.5], queries(small_world, 1)[0]
     exact = top_ids(exact_searcher(indexed_warehouse), indexed_warehouse, subject, vector)
     assert top_ids(replica, indexed_warehouse, subject, vector)[0] == exact[0]
-    indexed_warehouse.store.purge_history()
+    indexed_warehouse.store.maintenance.purge_history()
     assert list(folder.iterdir()) == []
 
 
 def test_ragwarden_optimize_stores_the_artifact_of_a_table_with_a_vector_index(indexed_warehouse: Warehouse) -> None:
     result = CliRunner().invoke(main, ["optimize", "--warehouse", indexed_warehouse.uri])
     assert result.exit_code == 0, result.output
-    version = indexed_warehouse.store.chunks_version
-    assert f"serving index of {indexed_warehouse.store.count()} rows at version {version} stored" in result.output
-    loaded = serving.load_artifact(indexed_warehouse.store)
+    version = indexed_warehouse.store.chunks.version
+    assert f"serving index of {indexed_warehouse.store.chunks.count()} rows at version {version} stored" in result.output
+    loaded = serving.load_artifact(indexed_warehouse.store.read_doors())
     assert loaded is not None and loaded.version == version
 
 
@@ -156,7 +156,7 @@ def test_a_revocation_by_one_process_applies_at_the_next_search_of_a_replica_pro
 ) -> None:
     """Two processes on one warehouse: a replica answering from the serving index it loaded, and
     a writer taking a row from the reader. The replica's next search never returns the row."""
-    stored = serving.store_artifact(indexed_warehouse.store)
+    stored = serving.store_artifact(indexed_warehouse.store.read_doors())
     assert stored is not None
     support = Path(__file__).resolve().parents[1] / "support"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")])}

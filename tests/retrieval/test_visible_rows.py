@@ -23,7 +23,7 @@ K = 10
 
 
 def _flat(warehouse: Warehouse, cache_bytes: int) -> Searcher:
-    return Searcher(warehouse.store, None, flat_max_rows=10**9, flat_cache_bytes=cache_bytes)  # type: ignore[arg-type]
+    return Searcher(warehouse.store.read_doors(), None, flat_max_rows=10**9, flat_cache_bytes=cache_bytes)  # type: ignore[arg-type]
 
 
 def _search(searcher: Searcher, warehouse: Warehouse, subject: str, vector: np.ndarray) -> list[tuple[str, float]]:
@@ -50,7 +50,7 @@ def test_a_commit_is_seen_by_the_next_search(indexed_warehouse: Warehouse, small
     append_rows(indexed_warehouse.store, first)
     assert _search(searcher, indexed_warehouse, reader, first.vectors[0])[0][0] == first.ids[0]
 
-    indexed_warehouse.store.delete(first.ids, (TENANT, first.ids[0]))  # erased: gone from the very next search
+    indexed_warehouse.store.chunks.delete(first.ids)  # erased: gone from the very next search
     assert first.ids[0] not in {c for c, _ in _search(searcher, indexed_warehouse, reader, first.vectors[0])}
 
     second = new_rows(small_world, 1, group_of(indexed_warehouse, reader), seed=6)
@@ -141,9 +141,9 @@ def test_a_failed_shared_read_is_tried_again_by_the_searches_that_waited_for_it(
 
 def _retag(warehouse: Warehouse, chunk_ids: list[str], column: str, value: object) -> None:
     """A commit rewriting one column of the rows (a sync's tags, a re-ingest's uri), their text and vector untouched."""
-    schema = warehouse.store.chunks_schema
+    schema = warehouse.store.chunks.schema
     columns = pa.schema([schema.field("chunk_id"), schema.field(column)])
-    warehouse.store.replace_columns(pa.table({"chunk_id": chunk_ids, column: [value] * len(chunk_ids)}, schema=columns))
+    warehouse.store.chunks.replace_columns(pa.table({"chunk_id": chunk_ids, column: [value] * len(chunk_ids)}, schema=columns))
 
 
 @pytest.mark.parametrize("commit", ["append", "retag", "erase", "compact"])
@@ -162,14 +162,14 @@ def test_a_held_set_carried_past_a_commit_answers_as_a_fresh_read_does(
     elif commit == "retag":
         _retag(indexed_warehouse, top, "acl_allow", ["group:nobody"])
     elif commit == "erase":
-        indexed_warehouse.store.delete(top, (TENANT, top[0]))
+        indexed_warehouse.store.chunks.delete(top)
     else:  # a tenth of the rows, none the reader's, deleted: optimize rewrites the fragment the rest are in
         principals = set(indexed_warehouse.policy.principals(reader, TENANT))
-        rows = indexed_warehouse.store.rows_where("tenant IS NOT NULL", ["chunk_id", "acl_allow"])
+        rows = indexed_warehouse.store.chunks.rows_where("tenant IS NOT NULL", ["chunk_id", "acl_allow"])
         unseen = [row["chunk_id"] for row in rows if not principals & set(row["acl_allow"])][: len(rows) // 8]
         raw_table(indexed_warehouse.store).delete(f"chunk_id IN {sql_in_list(unseen)}")
         (fragment,) = raw_table(indexed_warehouse.store).to_lance().get_fragments()
-        indexed_warehouse.store.optimize(vector_index_min_rows=1_000)
+        indexed_warehouse.store.maintenance.optimize(vector_index_min_rows=1_000)
         assert [f.fragment_id for f in raw_table(indexed_warehouse.store).to_lance().get_fragments()] != [fragment.fragment_id]
     after = [_search(held, indexed_warehouse, reader, vector) for vector in queries]
     fresh = _flat(indexed_warehouse, 64 * 2**20)
@@ -213,7 +213,7 @@ def test_a_held_row_whose_tags_changed_is_checked_and_shown_with_its_current_tag
 def test_many_rows_new_to_a_held_set_are_read_with_the_whole_set(
     indexed_warehouse: Warehouse, small_world: World, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr("ragwarden.state.store.IN_LIST_MAX_IDS", 2)  # past it: no IN list of the new ids
+    monkeypatch.setattr("ragwarden.state.chunks.IN_LIST_MAX_IDS", 2)  # past it: no IN list of the new ids
     held = _flat(indexed_warehouse, 64 * 2**20)
     reader = small_world.subjects[0.5]
     _search(held, indexed_warehouse, reader, small_world.rows.vectors[0])
@@ -250,7 +250,7 @@ def test_a_search_answers_at_the_version_its_request_checked_though_another_writ
         append_rows(replica.store, later)  # committed after this request's freshness check
         found = searcher.search("q", policy=indexed_warehouse.policy, caller=Caller(subject=reader, tenant=TENANT),
                                 k=K, vector=later.vectors[0])  # fmt: skip
-    assert indexed_warehouse.store.latest_chunks_version() > versions.chunks
+    assert indexed_warehouse.store.chunks.latest_version() > versions.chunks
     assert later.ids[0] not in {hit.chunk_id for hit in found.hits}
     assert {hit.table_version for hit in found.hits} == {versions.chunks}
     assert _search(searcher, indexed_warehouse, reader, later.vectors[0])[0][0] == later.ids[0]  # the next request

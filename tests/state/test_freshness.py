@@ -64,13 +64,13 @@ def test_a_failed_read_is_not_handed_to_the_calls_waiting_for_it() -> None:
 def test_inside_one_pin_every_version_is_the_checks_and_after_it_the_latest(small_warehouse: Warehouse) -> None:
     store = small_warehouse.store
     with store.pinned() as pinned:
-        assert store.chunks_version == pinned.chunks and store.policies_version == pinned.policies
+        assert store.chunks.version == pinned.chunks and store.policies.version == pinned.policies
         raw_table(store, "labels").add([{"label": "added-meanwhile"}])  # another writer commits
         raw_table(store, "chunks").delete("doc_id = 'nothing-matches'")
-        assert store.registry_version() == f"{pinned.clauses}.{pinned.labels}"
-        assert store.chunks_version == pinned.chunks
-        assert store.latest_chunks_version() > pinned.chunks
-    assert store.chunks_version > pinned.chunks and "added-meanwhile" in store.label_registry()
+        assert store.registries.version() == f"{pinned.clauses}.{pinned.labels}"
+        assert store.chunks.version == pinned.chunks
+        assert store.chunks.latest_version() > pinned.chunks
+    assert store.chunks.version > pinned.chunks and "added-meanwhile" in store.registries.labels()
 
 
 def test_a_registration_reaches_the_check_with_the_rows_that_need_it(small_warehouse: Warehouse, make_record) -> None:
@@ -85,4 +85,4 @@ def test_a_registration_reaches_the_check_with_the_rows_that_need_it(small_wareh
     after = store.versions()
     assert after.chunks > before.chunks and after.labels > before.labels
     with store.pinned():
-        assert {"brand-new-label", "registered-alone"} <= store.label_registry()
+        assert {"brand-new-label", "registered-alone"} <= store.registries.labels()

@@ -78,8 +78,8 @@ def test_a_write_planned_before_a_purge_is_refused_when_a_commit_since_touched_i
     two_document_warehouse: Warehouse,
 ):
     warehouse = two_document_warehouse
-    (staff,) = warehouse.store.chunk_ids_of("staff", "acme")
-    as_planned = warehouse.store.rows([staff], raw_table(warehouse.store).schema.names)[staff]
+    (staff,) = warehouse.store.chunks.chunk_ids_of("staff", "acme")
+    as_planned = warehouse.store.chunks.rows([staff], raw_table(warehouse.store).schema.names)[staff]
     paused = PausedWrite(warehouse, [as_planned])  # rewrites the staff row as it was before the sync
     warehouse.sync(
         [{"id": "staff", "tenant": "acme", "acl": {"allow": ["group:finance"]}, "classification": "internal"}]
@@ -90,17 +90,17 @@ def test_a_write_planned_before_a_purge_is_refused_when_a_commit_since_touched_i
 
     assert refused is not None and is_commit_conflict(refused), refused
     assert stored_ids(warehouse)[staff] == 1
-    assert warehouse.store.rows([staff])[staff]["acl_allow"] == ["group:finance"]
+    assert warehouse.store.chunks.rows([staff])[staff]["acl_allow"] == ["group:finance"]
 
 
 def test_a_purge_leaves_only_the_latest_version_holding_rows_and_the_earlier_records_in_place(
     two_document_warehouse: Warehouse,
 ):
     warehouse = two_document_warehouse
-    before = warehouse.store.chunks_version
+    before = warehouse.store.chunks.version
     warehouse.forget("memo", reason="erasure request", tenant="acme")
 
-    assert warehouse.store.versions_left() == {"chunks": 1, "sources": 1}
+    assert warehouse.store.maintenance.versions_left() == {"chunks": 1, "sources": 1}
     chunks = raw_table(warehouse.store)
     assert len(chunks.list_versions()) > 1, "the records of earlier commits stay for writers still planning"
     chunks.checkout(before)
@@ -112,17 +112,17 @@ def test_a_plan_older_than_its_lifetime_is_never_committed(
     two_document_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
 ):
     warehouse = two_document_warehouse
-    (staff,) = warehouse.store.chunk_ids_of("staff", "acme")
-    planned = warehouse.store.snapshot()
+    (staff,) = warehouse.store.chunks.chunk_ids_of("staff", "acme")
+    planned = warehouse.store.chunks.snapshot()
     row = planned.rows([staff])[staff]
-    version = warehouse.store.chunks_version
+    version = warehouse.store.chunks.version
     monkeypatch.setattr(tables, "PLAN_LIFETIME", timedelta(0))
 
     with pytest.raises(PlanOutlived, match="too long to commit safely") as outlived:
         planned.commit(ChunkWrite(rows=[{**row, "labels": ["finance"]}]))
 
     assert is_commit_conflict(outlived.value), "a write planned too long ago is planned again"
-    assert warehouse.store.chunks_version == version
+    assert warehouse.store.chunks.version == version
 
 
 def test_a_second_purge_empties_the_versions_written_since_the_first(two_document_warehouse: Warehouse):
@@ -159,7 +159,7 @@ def test_a_mark_that_is_not_this_tables_is_not_trusted(two_document_warehouse: W
         warehouse.sync([{"id": "memo", "tenant": "acme", "acl": {"allow": [group]}, "classification": "internal"}])
     marks = warehouse.store.files("history")
     assert marks is not None
-    marks.put("chunks", f"{warehouse.store.chunks_version} 1999-01-01T00:00:00".encode())
+    marks.put("chunks", f"{warehouse.store.chunks.version} 1999-01-01T00:00:00".encode())
 
     def files_holding_it() -> list[Path]:
         return [p for p in folder.rglob("*") if p.is_file() and b"wombat" in p.read_bytes()]
@@ -168,4 +168,4 @@ def test_a_mark_that_is_not_this_tables_is_not_trusted(two_document_warehouse: W
     warehouse.forget("memo", reason="erasure request", tenant="acme")
 
     assert files_holding_it() == []
-    assert warehouse.store.versions_left() == {"chunks": 1, "sources": 1}
+    assert warehouse.store.maintenance.versions_left() == {"chunks": 1, "sources": 1}

@@ -57,7 +57,7 @@ def _fragments(warehouse: Warehouse) -> list[Any]:
 def large_table_warehouse(demo_policy_warehouse: Warehouse) -> Warehouse:
     """A warehouse whose chunks are one fragment of 200 rows, every one indexed."""
     assert demo_policy_warehouse.ingest_records(_records("bulk", 200)).ok
-    demo_policy_warehouse.store.optimize()
+    demo_policy_warehouse.store.maintenance.optimize()
     assert [fragment.num_rows for fragment in _fragments(demo_policy_warehouse)] == [200]
     return demo_policy_warehouse
 
@@ -71,14 +71,14 @@ def test_small_ingests_leave_the_large_fragment_unwritten_and_make_about_one_ver
     large_table_warehouse: Warehouse,
 ):
     (large,) = _fragments(large_table_warehouse)
-    before = large_table_warehouse.store.latest_chunks_version()
+    before = large_table_warehouse.store.chunks.latest_version()
     for n in range(10):
         assert large_table_warehouse.ingest_records(_records(f"small{n}", 3)).ok
     fragments = _fragments(large_table_warehouse)
     assert fragments[0].id == large.id and fragments[0].files == large.files  # never rewritten
     assert sum(fragment.num_rows for fragment in fragments) == 230
     assert [fragment.num_rows for fragment in fragments] == [200, 3 * BATCHED_MERGE_FRAGMENTS, 3, 3]  # merged once eight were due
-    assert large_table_warehouse.store.latest_chunks_version() - before <= 10 + 3  # one merge: fold, rewrite, remap
+    assert large_table_warehouse.store.chunks.latest_version() - before <= 10 + 3  # one merge: fold, rewrite, remap
     assert set(_unindexed(large_table_warehouse).values()) == {6}  # folded with the merge; the two ingests since are not
     for question, k in (("reading of gauge small9", 3), ("Note small9 2", 1)):
         for mode in ("fts", "vector"):
@@ -92,7 +92,7 @@ def test_an_explicit_optimize_folds_every_row_into_the_indexes_and_merges_the_sm
     for n in range(3):
         assert large_table_warehouse.ingest_records(_records(f"small{n}", 3)).ok
     assert len(_fragments(large_table_warehouse)) == 4
-    large_table_warehouse.store.optimize()
+    large_table_warehouse.store.maintenance.optimize()
     assert [fragment.num_rows for fragment in _fragments(large_table_warehouse)] == [200, 9]
     assert set(_unindexed(large_table_warehouse).values()) == {0}
 
@@ -111,7 +111,7 @@ def test_ingest_builds_no_text_index_and_optimize_drops_one_an_older_warehouse_b
     chunks = raw_table(large_table_warehouse.store)
     assert [index.index_type for index in chunks.list_indices() if index.index_type == "FTS"] == []
     chunks.create_index("text", config=FTS())  # as warehouses written before this release hold one
-    large_table_warehouse.store.optimize()
+    large_table_warehouse.store.maintenance.optimize()
     assert [index.index_type for index in raw_table(large_table_warehouse.store).list_indices() if index.index_type == "FTS"] == []
     hits = large_table_warehouse.search("reading of gauge bulk", subject="user:dave", tenant="acme", k=3, mode="fts")
     assert len(hits) == 3  # full-text search never needed it

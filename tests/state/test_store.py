@@ -17,7 +17,7 @@ from ragwarden.embedder import Embedder
 from ragwarden.governance.policy import Policy
 from ragwarden.policies import policy_file
 from ragwarden.state import Store
-from ragwarden.state import store as store_module
+from ragwarden.state import policies as policies_module
 from ragwarden.warehouse import Warehouse
 
 POLICY_A = "p, group:finance, acme, label:pii, read, allow\n"
@@ -36,10 +36,10 @@ def test_the_policy_in_force_is_the_last_committed_even_from_a_replica_whose_clo
     fresh_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
 ):
     first = Policy.from_text(POLICY_A)
-    fresh_warehouse.store.install_policy(first)
-    monkeypatch.setattr(store_module, "datetime", _ClockBehind)
+    fresh_warehouse.store.policies.install(first)
+    monkeypatch.setattr(policies_module, "datetime", _ClockBehind)
     second = Policy.from_text(POLICY_B)
-    fresh_warehouse.store.install_policy(second)
+    fresh_warehouse.store.policies.install(second)
     assert fresh_warehouse.policy is not None and fresh_warehouse.policy.version == second.version
 
 
@@ -50,7 +50,7 @@ def test_installs_racing_from_several_threads_each_take_their_own_place(fresh_wa
 
     def install(policy: Policy) -> None:
         start.wait()
-        seqs[fresh_warehouse.store.install_policy(policy)] = policy
+        seqs[fresh_warehouse.store.policies.install(policy)] = policy
 
     threads = [threading.Thread(target=install, args=(p,)) for p in policies]
     for thread in threads:
@@ -68,8 +68,8 @@ def test_a_source_record_is_replaced_only_by_a_later_commits(fresh_warehouse: Wa
     later = {**record, "tags_fingerprint": "later", "classification": 3}
     earlier = {**record, "tags_fingerprint": "earlier", "classification": 0}
     version = record["chunks_version"]
-    fresh_warehouse.store.record_sources([later], chunks_version=version + 2)
-    fresh_warehouse.store.record_sources([earlier], chunks_version=version + 1)  # finished last, committed first
+    fresh_warehouse.store.sources.record([later], chunks_version=version + 2)
+    fresh_warehouse.store.sources.record([earlier], chunks_version=version + 1)  # finished last, committed first
     (stored,) = raw_table(fresh_warehouse.store, "sources").to_arrow().to_pylist()
     assert (stored["tags_fingerprint"], stored["classification"], stored["chunks_version"]) == ("later", 3, version + 2)
 
@@ -89,7 +89,7 @@ def test_two_writers_recording_a_new_document_at_once_leave_only_the_later_commi
 
         def record_it(store: Store, stamp: int, fingerprint: str, doc_id: str = doc_id) -> None:
             start.wait(30)
-            store.record_sources([{**record, "doc_id": doc_id, "tags_fingerprint": fingerprint}], chunks_version=stamp)
+            store.sources.record([{**record, "doc_id": doc_id, "tags_fingerprint": fingerprint}], chunks_version=stamp)
 
         writers = [threading.Thread(target=record_it, args=(fresh_warehouse.store, version + 1, "earlier")),
                    threading.Thread(target=record_it, args=(replica, version + 2, "later"))]  # fmt: skip
@@ -138,11 +138,11 @@ def test_chunks_of_an_earlier_release_gain_metadata_in_place(tmp_path: Path, emb
 def test_rows_are_read_at_an_earlier_version_until_a_purge_removes_its_files(small_warehouse: Warehouse, make_record):
     store, everything = small_warehouse.store, "tenant IS NOT NULL"
     small_warehouse.ingest_records([make_record(id="erased", text="A note about the offsite, to be erased.")])
-    before = store.latest_chunks_version()
-    held = sorted(store.read_at(before, everything, ["chunk_id"]).column("chunk_id").to_pylist())
+    before = store.chunks.latest_version()
+    held = sorted(store.chunks.read_at(before, everything, ["chunk_id"]).column("chunk_id").to_pylist())
     small_warehouse.ingest_records([make_record(id="later", text="A later note about the menu.")])
-    assert store.latest_chunks_version() > before
-    assert sorted(store.read_at(before, everything, ["chunk_id"]).column("chunk_id").to_pylist()) == held
-    assert len(store.read_at(None, everything, ["chunk_id"])) > len(held)  # the latest holds the new rows
+    assert store.chunks.latest_version() > before
+    assert sorted(store.chunks.read_at(before, everything, ["chunk_id"]).column("chunk_id").to_pylist()) == held
+    assert len(store.chunks.read_at(None, everything, ["chunk_id"])) > len(held)  # the latest holds the new rows
     small_warehouse.forget("erased", reason="a test erasure")  # purges the files that held it
-    assert store.read_at(before, everything, ["chunk_id"]) is None
+    assert store.chunks.read_at(before, everything, ["chunk_id"]) is None

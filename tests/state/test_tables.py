@@ -44,10 +44,10 @@ def test_optimize_prunes_the_old_versions_of_the_audit_log_and_keeps_every_recei
     audit = raw_table(small_warehouse.store, "audit")
     receipts = audit.count_rows()
     assert len(audit.list_versions()) > 3
-    small_warehouse.store.optimize()
+    small_warehouse.store.maintenance.optimize()
     assert len(raw_table(small_warehouse.store, "audit").list_versions()) > 3  # younger than the log's VERSIONS_KEPT: kept
     monkeypatch.setattr(audit_table, "VERSIONS_KEPT", timedelta(0))
-    small_warehouse.store.optimize()
+    small_warehouse.store.maintenance.optimize()
     audit = raw_table(small_warehouse.store, "audit")
     assert len(audit.list_versions()) == 1 and audit.count_rows() == receipts
     assert small_warehouse.audit.verify().ok

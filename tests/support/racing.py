@@ -14,7 +14,7 @@ def racing(first: Any, monkeypatch: pytest.MonkeyPatch, rival: Callable[[], obje
     first attempt: the rival commits while ``first`` holds a plan made from the version before.
     Returns the versions each attempt planned from."""
     planned: list[int] = []
-    write_chunks = first.store.write_chunks
+    write_chunks = first.store.chunks.write
 
     def interleaved(plan, *, what):  # type: ignore[no-untyped-def]
         def plan_then_race(snapshot):  # type: ignore[no-untyped-def]
@@ -26,5 +26,5 @@ def racing(first: Any, monkeypatch: pytest.MonkeyPatch, rival: Callable[[], obje
 
         return write_chunks(plan_then_race, what=what)
 
-    monkeypatch.setattr(first.store, "write_chunks", interleaved)
+    monkeypatch.setattr(first.store.chunks, "write", interleaved)
     return planned

@@ -39,7 +39,7 @@ def listening_sockets() -> list[dict[str, object]]:
 def kill_one_actor(warehouse: Warehouse, killed: list[str], done: threading.Event) -> None:
     """SIGKILL one chunk-and-embed actor as soon as the ingest has committed its first batch."""
     while not done.wait(0.1):
-        if warehouse.store.count() == 0:
+        if warehouse.store.chunks.count() == 0:
             continue
         for process in psutil.process_iter(["pid", "cmdline"]):
             command = " ".join(process.info["cmdline"] or [])

@@ -17,7 +17,7 @@ from ragwarden.warehouse import Warehouse
 
 def main(uri: str) -> None:
     warehouse = Warehouse(Settings(warehouse=uri), embedder=None)  # type: ignore[arg-type]
-    searcher = Searcher(warehouse.store, None, flat_max_rows=-1, resident_index_bytes=256 * 2**20, resident_min_rows=0)  # type: ignore[arg-type]
+    searcher = Searcher(warehouse.store.read_doors(), None, flat_max_rows=-1, resident_index_bytes=256 * 2**20, resident_min_rows=0)  # type: ignore[arg-type]
     loaded = searcher.serving.build_now()  # the artifact the writer stored, not a build of its own
     print(json.dumps({"loaded": loaded.version}), flush=True)
     for line in sys.stdin:
@@ -25,7 +25,7 @@ def main(uri: str) -> None:
         vector = np.array([float(x) for x in values.split(",")], dtype=np.float32)
         found = searcher.search("q", policy=warehouse.policy, caller=Caller(subject=subject, tenant=tenant), k=10, vector=vector)
         where = searcher.prefilter(searcher.view(warehouse.policy, Caller(subject=subject, tenant=tenant)))  # type: ignore[arg-type]
-        plan = searcher.plan(where, warehouse.store.chunks_version)
+        plan = searcher.plan(where, warehouse.store.chunks.version)
         print(json.dumps({"ids": [hit.chunk_id for hit in found.hits], "plan": plan}), flush=True)
 
 

@@ -1,0 +1,108 @@
+"""The ``sources`` table's door: one record per (tenant, doc id), with the document's tags, content
+hash and the ``chunks`` version that wrote it, replaced only by a later commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ..governance.sql import sql_documents
+from ..governance.tags import GovernanceTags
+from .chunks import ChunkReads
+from .commit_retry import retrying_conflicts
+from .home import Door, Home
+from .registries import RegistryReads
+from .schema import SOURCES_SCHEMA, TAG_COLUMNS
+from .snapshot import DocumentKey
+from .tables import documents_rows, names_storage_failures, rows_where_in
+
+DOCUMENT_KEY = ("tenant", "doc_id")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceState:
+    """What the warehouse holds of one source document."""
+
+    doc_id: str
+    tenant: str
+    doc_version: str
+    tags_fingerprint: str
+    uri: str | None
+    metadata: str | None
+
+
+@names_storage_failures
+class Sources(Door):
+    """The source records: read by document, written after the chunks they describe."""
+
+    def __init__(self, home: Home, table: Any, *, chunks: ChunkReads, registries: RegistryReads) -> None:
+        super().__init__(home)
+        self._table = table
+        self._chunks = chunks
+        self._registries = registries
+
+    def states(self, keys: Iterable[DocumentKey]) -> dict[DocumentKey, SourceState]:
+        """The stored state of each document in ``keys`` that exists."""
+        fields = list(SourceState.__dataclass_fields__)
+        rows = documents_rows(self._table, keys, fields)
+        return {(row["tenant"], row["doc_id"]): SourceState(**{k: row[k] for k in fields}) for row in rows}
+
+    def tags(self, keys: Iterable[DocumentKey]) -> list[GovernanceTags]:
+        """The current tags of source documents."""
+        rows = documents_rows(self._table, keys, ["doc_id", *TAG_COLUMNS])
+        registry = self._registries.clauses()
+        return [GovernanceTags.from_row(row, registry) for row in rows]
+
+    def document_tenants(self, doc_id: str) -> list[str]:
+        """The tenants holding a document called ``doc_id`` (a source record or source chunks),
+        for an operator who names no tenant."""
+        recorded = {r["tenant"] for r in rows_where_in(self._table, "doc_id", [doc_id], ["tenant"])}
+        return sorted(recorded | self._chunks.tenants_holding(doc_id))
+
+    def tenants(self) -> list[str]:
+        """Every tenant the warehouse holds a source record of."""
+        found = self._table.to_lance().to_table(columns=["tenant"])
+        return sorted(set(found.column("tenant").to_pylist()))
+
+    def record(self, rows: Sequence[Mapping[str, Any]], *, chunks_version: int) -> None:
+        """Write the records of documents whose chunks were committed at ``chunks_version`` (whole
+        records of an ingest, or the tag columns of a sync). A record already stamped by a later
+        commit is left as it is, so writers finishing out of order leave the latest state."""
+        if not rows:
+            return
+        names = [name for name in SOURCES_SCHEMA.names if name in rows[0] or name == "chunks_version"]
+        schema = pa.schema([SOURCES_SCHEMA.field(name) for name in names])
+        table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=schema)
+        merge = self._table.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all(
+            where="source.chunks_version > target.chunks_version"
+        )
+        if len(names) == len(SOURCES_SCHEMA.names):
+            merge = merge.when_not_matched_insert_all()
+        # A replay after a conflict re-checks the stamp against the newer version.
+        retrying_conflicts(lambda: merge.execute(table), what="recording sources")
+        self._drop_superseded([(str(row["tenant"]), str(row["doc_id"])) for row in rows])
+
+    def _drop_superseded(self, keys: Sequence[DocumentKey]) -> None:
+        """Delete every record of ``keys`` stamped before another record of the same document.
+        Two writers recording a document that has none both insert (its two-column key cannot be
+        the table's primary key, so Lance does not see them collide); the later of them, reading
+        after its own commit, sees both, and only the latest record stays."""
+        latest: dict[DocumentKey, int] = {}
+        stale: set[DocumentKey] = set()
+        for row in documents_rows(self._table, keys, ["tenant", "doc_id", "chunks_version"]):
+            key, stamp = (row["tenant"], row["doc_id"]), int(row["chunks_version"])
+            if key in latest:
+                stale.add(key)
+            latest[key] = max(stamp, latest.get(key, stamp))
+        for key in sorted(stale):
+            where = f"({sql_documents([key])}) AND chunks_version < {latest[key]}"
+            retrying_conflicts(lambda w=where: self._table.delete(w), what="deleting a superseded source record")
+
+    def forget(self, document: DocumentKey, *, chunks_version: int) -> None:
+        """Delete a document's record, unless a commit later than ``chunks_version`` (the
+        erasure's) wrote it again."""
+        where = f"({sql_documents([document])}) AND chunks_version <= {int(chunks_version)}"
+        retrying_conflicts(lambda: self._table.delete(where), what="deleting a source")
