@@ -98,7 +98,13 @@ class InvalidRequestError(RagwardenError):
 class InvalidValueError(InvalidRequestError, ValueError):
     """A value is malformed: a tag, a principal, a classification, a field of a record or a
     manifest. The rules that check values raise it; it is also a ``ValueError``, so code that
-    checks a value the way Python's own parsers do (``except ValueError``) treats it alike."""
+    checks a value the way Python's own parsers do (``except ValueError``) treats it alike.
+    ``field`` names the field at fault where one does (``subject``, ``tenant``, ...), so an edge
+    can say where the value came from (a token's claim, say) without checking it again."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class PayloadTooLargeError(InvalidRequestError):

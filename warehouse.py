@@ -11,7 +11,6 @@ edge too: they become one validated ``Caller`` before anything runs.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -25,27 +24,26 @@ from .errors import (
     ConfigurationError,
     InvalidPolicyError,
     InvalidRequestError,
-    InvalidSourceError,
     NotFoundError,
     PermissionDeniedError,
     PolicyError,
     WarehouseError,
 )
 from .gate import ANY_TENANT, OPERATOR, Need, Permission, PermissionGate
-from .governance.audit import ChainReport, StoredReceipt, fingerprint
-from .governance.caller import Caller
+from .governance.audit import ChainReport, StoredReceipt, fingerprint, probe_ids
+from .governance.caller import Caller, asker, caller_of, required_caller
 from .governance.compiler import SubjectView
 from .governance.explain import Explanation, explain_row, not_visible
 from .governance.lineage import Chunking, ChunksOutput, Embedding, GovernanceSummary
 from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
-from .governance.tags import Classification
 from .governance.trends import Trends, trends
 from .governance.trends import since as trend_start
-from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport
+from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport, read_sync_file
 from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
-from .ingest.records import Outcome, Rejected, record_outcome
+from .ingest.records import confined_outcomes
 from .lineage_emitter import FlushReport, LineageEmitter
+from .lineage_query import lineage_of
 from .lineage_transport import WarehouseFilesTransport
 from .policy_in_force import PolicyInForce, ProvisionedPolicy
 from .retrieval.collapse import Collapse
@@ -53,7 +51,7 @@ from .retrieval.hits import RESULT_COLUMNS, Hit
 from .retrieval.narrowing import Narrowing, narrowing
 from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, Readers, Vocabulary, access_review, inventory, readers, vocabulary
-from .retrieval.search import Searcher, SearchResult, require_reader
+from .retrieval.search import Searcher, SearchResult
 from .retrieval.serving import ServingStatus, store_artifact
 from .state import LINEAGE_EVENTS, AuditLog, DirectoryRow, DirectoryTable, Store
 
@@ -160,6 +158,21 @@ class Warehouse:
         default the warehouse's own settings) and its API keys."""
         return Authenticator(auth or self.settings.auth, self.api_keys)
 
+    def close(self, timeout: float = 60.0) -> None:
+        """Finish the background work this process started on the warehouse (the audit journal
+        folded into its table, compaction and checkpoints done), so the folder can be copied or
+        backed up as it is. The warehouse stays usable; a later write starts that work again.
+        Raises WarehouseError if something still runs after ``timeout`` seconds."""
+        if not self.audit.close(timeout):
+            raise WarehouseError(f"the audit log's background work still ran after {timeout:g} s; "
+                                 "call close() again before copying the warehouse")  # fmt: skip
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def flush_lineage(self) -> FlushReport:
         """Send the lineage events that wait in the spool (what every run does first)."""
         return self.openlineage.flush()
@@ -257,7 +270,7 @@ class Warehouse:
         names, in one pass over it); the role graph is checked and the enforcer built only for a
         caller who holds it, so a caller who does not learns nothing of the policy's graph and
         costs no more than that one pass."""
-        who = _required(caller, subject, tenant, actor, Operation.ADMIN)
+        who = required_caller(caller, subject, tenant, actor, Operation.ADMIN)
         source = "policy sent by " + who.subject
 
         def refused_line(exc: InvalidPolicyError) -> InvalidRequestError:
@@ -357,17 +370,12 @@ class Warehouse:
         A named caller needs ``ingest`` in its tenant; its records take that tenant when they
         name none, and a record naming another tenant is rejected (nothing written for it).
         """
-        who = _caller_of(caller, subject, tenant, actor)
+        who = caller_of(caller, subject, tenant, actor)
         records = list(records)
         sources = [f"doc:{r.get('id')}" for r in records if isinstance(r, Mapping)]
-        confined = who.tenant if who else None
 
         def run(_: Permission) -> IngestReport:
-            outcomes = (
-                outcome
-                for n, record in enumerate(records, start=1)
-                for outcome in _confined_outcomes(record, f"record {n}", confined)
-            )
+            outcomes = confined_outcomes(records, tenant=who.tenant if who else None)
             return self._run(outcomes, progress, sources, engine, total=lambda: len(records))
 
         return self._gate.run(Operation.INGEST, who, Need.GRANT, run, _ingested, touched=_written)
@@ -399,7 +407,7 @@ class Warehouse:
                 overlap=self.settings.chunk_overlap,
                 chunk_count=report.chunks,
             )
-            governance = GovernanceSummary.of(self.store.sources.tags(report.written_documents), documents=report.documents)
+            governance = GovernanceSummary.of(report.written_tags, documents=report.documents)
             return self._chunks_output(report.chunks, chunking=chunking, embedding=self._embedding, governance=governance)
 
         return self._tracked("ingest", sources, ingest, output)
@@ -442,8 +450,7 @@ class Warehouse:
         ``filter``: only chunks it matches, e.g. ``{"year": {"$gte": 2020}}`` (see
         ``retrieval.narrowing``); it narrows what the caller may read, never widens it.
         """
-        who = _required(caller, subject, tenant, actor, Operation.SEARCH)
-        require_reader(who)
+        who = required_caller(caller, subject, tenant, actor, Operation.SEARCH)
         self.store.chunks.require_version(min_version)
         collapse = Collapse(group_by=group_by, per_group=per_group, distinct=distinct)  # type: ignore[arg-type] - checked there
         narrow = narrowing(filter, self.settings.filter_limits)
@@ -500,12 +507,11 @@ class Warehouse:
     ) -> Hit:
         """One chunk or derived row by id, if the caller may read it; ``NotFoundError`` alike whether
         it is missing or forbidden, so the answer reveals nothing of rows the caller cannot see."""
-        who = _required(caller, subject, tenant, actor, Operation.GET)
-        require_reader(who)
+        who = required_caller(caller, subject, tenant, actor, Operation.GET)
 
         def describe(hit: Hit | None) -> dict[str, Any]:
             if hit is None:
-                return {"allowed": False, "reason": "not visible (missing or forbidden)", "chunk_ids": _asked(chunk_id),
+                return {"allowed": False, "reason": "not visible (missing or forbidden)", "chunk_ids": probe_ids(chunk_id),
                         "details": {"asked": str(chunk_id)[:256]}}  # fmt: skip
             return {"reason": "visible", "chunk_ids": (hit.chunk_id,), "doc_ids": (hit.doc_id,),
                     "chunk_labels": {hit.chunk_id: hit.labels}, "table_version": hit.table_version}  # fmt: skip
@@ -544,7 +550,7 @@ class Warehouse:
         whoever could read every parent; a parent the caller cannot read is refused exactly as a
         missing one is (``NotFoundError``).
         """
-        who = _required(caller, subject, tenant, actor, Operation.DERIVE)
+        who = required_caller(caller, subject, tenant, actor, Operation.DERIVE)
         return self._gate.run(
             Operation.DERIVE,
             who,
@@ -581,8 +587,8 @@ class Warehouse:
 
         A named caller needs ``sync`` in its tenant and may name no other tenant.
         """
-        who = _caller_of(caller, subject, tenant, actor)
-        records = _read_sync_file(Path(records)) if isinstance(records, str | Path) else list(records)
+        who = caller_of(caller, subject, tenant, actor)
+        records = read_sync_file(Path(records)) if isinstance(records, str | Path) else list(records)
 
         def run(_: Permission) -> SyncReport:
             for number, record in enumerate(records, start=1):
@@ -595,9 +601,7 @@ class Warehouse:
                 lambda: self._lifecycle.sync(records),
                 lambda report: self._chunks_output(
                     report.chunks + report.derived,
-                    governance=GovernanceSummary.of(
-                        self.store.sources.tags(report.keys), documents=len(report.documents), derived_rows=report.derived
-                    ),
+                    governance=GovernanceSummary.of(report.tags, documents=len(report.documents), derived_rows=report.derived),
                 ),
             )
 
@@ -629,7 +633,7 @@ class Warehouse:
         A named caller needs ``forget`` in its tenant; another tenant's item reads as missing.
         The operator names ``tenant`` when a document id is used in more than one.
         """
-        who = _caller_of(caller, subject, tenant, actor)
+        who = caller_of(caller, subject, tenant, actor)
         # The reason goes into the receipt: refuse one it cannot hold before erasing anything.
         if not isinstance(reason, str) or not reason.strip() or "\x00" in reason:
             raise InvalidRequestError(
@@ -637,7 +641,7 @@ class Warehouse:
             )
 
         def run(_: Permission) -> ForgetReport:
-            erase = self._erasure(item_id, who.tenant if who else tenant, reason)
+            erase = self._lifecycle.erasure(item_id, who.tenant if who else tenant, reason)
             return self._tracked("forget", [f"doc:{item_id}"], erase, lambda _: self._chunks_output(0))
 
         return self._gate.run(
@@ -652,18 +656,6 @@ class Warehouse:
             },
             touched=lambda report: {report.tenant: [report.item_id]},
         )
-
-    def _erasure(self, item_id: str, tenant: str | None, reason: str) -> Callable[[], ForgetReport]:
-        """How to erase ``item_id`` within ``tenant`` (None: the operator, any tenant): as a
-        document if one of that id is there, else as a derived row; missing reads as not found."""
-        holders = self.store.sources.document_tenants(item_id)
-        if (tenant is None and holders) or tenant in holders:
-            owner = self._tenant_of_document(item_id, tenant, holders)
-            return lambda: self._lifecycle.forget(item_id, tenant=owner, reason=reason)
-        row_tenant = self.store.chunks.row_tenant(item_id)
-        if row_tenant is not None and tenant in (None, row_tenant):
-            return lambda: self._lifecycle.forget_row(item_id, tenant=row_tenant, reason=reason)
-        raise NotFoundError(f"document or derived row {item_id!r} not found")
 
     # -- questions ----------------------------------------------------------------------------
 
@@ -682,7 +674,7 @@ class Warehouse:
         about someone else needs ``audit``. Without ``audit``, a row the subject cannot read is
         only "not visible": nothing of it leaks.
         """
-        who = _asker(caller, subject, tenant, actor)
+        who = asker(caller, subject, tenant, actor)
         if not isinstance(chunk_id, str) or "\x00" in chunk_id:
             raise InvalidRequestError("a chunk id is text without NUL characters")
         where = who.tenant
@@ -709,7 +701,7 @@ class Warehouse:
             decide,
             lambda result: {
                 "reason": f"asked about {subject}: {'visible' if result.allowed else 'not visible'}",
-                "chunk_ids": _asked(chunk_id),
+                "chunk_ids": probe_ids(chunk_id),
                 "details": {"about": subject, "visible": result.allowed},
             },
             about=subject,
@@ -720,7 +712,7 @@ class Warehouse:
     ) -> AccessReview:
         """What ``subject`` can read in the caller's tenant, by source, label and classification;
         ``caller`` (by default ``subject``) needs ``audit`` to ask about someone else."""
-        who = _asker(caller, subject, tenant, None)
+        who = asker(caller, subject, tenant, None)
         about = Caller(subject=subject, tenant=who.tenant)
 
         def review(permission: Permission) -> AccessReview:
@@ -738,7 +730,7 @@ class Warehouse:
 
     def inventory(self, *, label: str, tenant: str | None = None, caller: str | Caller) -> dict[str, list[str]]:
         """Every row carrying ``label`` in the caller's tenant, grouped by source; needs ``audit``."""
-        who = _asker(caller, None, tenant, None)
+        who = asker(caller, None, tenant, None)
         return self._gate.run(
             Operation.AUDIT,
             who,
@@ -753,7 +745,7 @@ class Warehouse:
         """Who can read document ``doc_id`` (and what derives from it) or the rows carrying
         ``label``, in the caller's tenant, and through which path (``retrieval.review.readers``);
         needs ``audit``."""
-        who = _asker(caller, None, tenant, None)
+        who = asker(caller, None, tenant, None)
 
         def review(permission: Permission) -> Readers:
             policy = self.policy  # in force, as the gate read it, without the asker's own token claims
@@ -766,7 +758,7 @@ class Warehouse:
             Need.AUDIT,
             review,
             lambda found: {"reason": f"who can read {found.item}: {len(found.subjects)} subjects, {len(found.groups)} groups",
-                           "doc_ids": _asked(doc_id) if doc_id else ()},
+                           "doc_ids": probe_ids(doc_id) if doc_id else ()},
         )  # fmt: skip
 
     def trends(self, *, caller: str | Caller, days: int = 30, tenant: str | None = None) -> Trends:
@@ -774,7 +766,7 @@ class Warehouse:
         labels returned, documents returned most (``governance.trends``); needs ``audit``."""
         if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MAX_TREND_DAYS:
             raise InvalidRequestError(f"days must be 1 to {MAX_TREND_DAYS}, got {days!r}")
-        who = _asker(caller, None, tenant, None)
+        who = asker(caller, None, tenant, None)
         return self._gate.run(
             Operation.AUDIT,
             who,
@@ -786,7 +778,7 @@ class Warehouse:
     def vocabulary(self, *, caller: str | Caller, tenant: str | None = None) -> Vocabulary:
         """The labels, subjects and documents of the caller's tenant, for filtering its receipts
         (``retrieval.review.vocabulary``); needs ``audit``."""
-        who = _asker(caller, None, tenant, None)
+        who = asker(caller, None, tenant, None)
         return self._gate.run(
             Operation.AUDIT,
             who,
@@ -802,82 +794,17 @@ class Warehouse:
         A named ``caller`` needs ``audit`` in its tenant, and another tenant's item reads as
         missing; the operator (no caller) sees any tenant's, or ``tenant``'s.
         """
-        who = None if caller is None else _asker(caller, None, tenant, None)
+        who = None if caller is None else asker(caller, None, tenant, None)
         found, _ = self._gate.run(
             Operation.AUDIT,
             who,
             Need.AUDIT,
-            lambda _: self._lineage(item_id, who.tenant if who is not None else tenant),
-            lambda found: {"reason": f"lineage of {item_id!r}", "doc_ids": _asked(item_id)},
-            touched=lambda found: {found[1]: _asked(item_id)},
+            lambda _: lineage_of(item_id, who.tenant if who is not None else tenant, chunks=self.store.chunks,
+                                 sources=self.store.sources, audit=self.audit),
+            lambda found: {"reason": f"lineage of {item_id!r}", "doc_ids": probe_ids(item_id)},
+            touched=lambda found: {found[1]: probe_ids(item_id)},
         )
         return found
-
-    def _tenant_of_document(self, doc_id: str, tenant: str | None, holders: list[str] | None = None) -> str:
-        """The tenant whose document ``doc_id`` is meant: ``tenant`` if named, else the only one
-        holding such an id (the operator's case; ``holders`` if the caller read them already).
-        Raises when none does, or several do."""
-        if tenant is not None:
-            return tenant
-        holders = self.store.sources.document_tenants(doc_id) if holders is None else holders
-        if not holders:
-            raise NotFoundError(f"document {doc_id!r} not found")
-        if len(holders) > 1:
-            raise InvalidRequestError(
-                f"document id {doc_id!r} is used in tenants {', '.join(map(repr, holders))}: name the tenant (--tenant)"
-            )
-        return holders[0]
-
-    def _lineage(self, item_id: str, tenant: str | None) -> tuple[dict[str, Any], str]:
-        """The lineage of ``item_id`` within ``tenant`` (None: the operator, the item's own tenant),
-        and the tenant it was found in.
-
-        Receipts are the item's tenant's only, each saying what came of it: rows ``returned`` only
-        by a retrieval that returned them; a refused probe listed as refused. An erased document
-        or row leaves its tombstones (from the forget receipts: ids, when, who, why, the purge's
-        proof), never its content."""
-        if "\x00" in item_id:  # no id holds one: it names nothing, here as everywhere
-            raise NotFoundError(f"no document or row {item_id!r}")
-        try:
-            owner: str | None = self._tenant_of_document(item_id, tenant)
-        except NotFoundError:
-            owner = None
-        chunk_ids = self.store.chunks.chunk_ids_of(item_id, owner) if owner is not None else []
-        source = self.store.sources.states([(owner, item_id)]).get((owner, item_id)) if owner is not None else None
-        scope = owner
-        if not chunk_ids and source is None:
-            row = self.store.chunks.rows([item_id]).get(item_id)
-            if row is not None and tenant in (None, row["tenant"]):
-                chunk_ids, scope = [item_id], row["tenant"]
-        tombstones = [
-            r for r in self.audit.query(operation="forget", doc_id=item_id, tenant=scope or tenant) if r.allowed
-        ]
-        if not chunk_ids and source is None and not tombstones:
-            raise NotFoundError(f"no document or row {item_id!r}")
-        scope = scope or tenant or tombstones[0].tenant
-        derived = self.store.chunks.derived_from(chunk_ids)
-        erased = {i for r in tombstones for part in ("chunks", "derived") for i in r.details.get("tombstone", {}).get("erased", {}).get(part, [])}
-        touched = {*chunk_ids, *derived, *erased}
-        found = {r.receipt_id: r for r in self.audit.query(any_chunk_ids=touched, tenant=scope)}
-        found.update((r.receipt_id, r) for r in self.audit.query(doc_id=item_id, tenant=scope))
-        tagged = self.store.chunks.rows([*chunk_ids, *derived], ["chunk_id", "labels", "classification"])
-        return {
-            "source": None if source is None else {"doc_id": source.doc_id, "tenant": source.tenant, "version": source.doc_version},
-            "chunks": chunk_ids,
-            "tags": {i: {"labels": sorted(r["labels"]), "classification": Classification(r["classification"]).label}
-                     for i, r in sorted(tagged.items())},  # fmt: skip
-            "derived": [{"chunk_id": i, "kind": r["kind"], "parents": r["parents"]} for i, r in sorted(derived.items())],
-            "receipts": [
-                _lineage_receipt(r, touched)
-                for r in sorted(found.values(), key=lambda r: (r.time, r.chain, r.seq))
-                if r.operation != Operation.AUDIT
-            ],
-            "tombstones": [
-                {"chain": r.chain, "seq": r.seq, "time": r.time.isoformat(), "subject": r.subject, "actor": r.actor, "reason": r.reason,
-                 **r.details.get("tombstone", {})}  # fmt: skip
-                for r in tombstones
-            ],
-        }, scope
 
     def receipts(self, *, caller: str | Caller | None, tenant: str | None = None, **filters: Any) -> list[StoredReceipt]:
         """Audit receipts of the caller's tenant matching ``filters`` (see ``AuditLog.query``); needs
@@ -890,7 +817,7 @@ class Warehouse:
         """How many receipts of the caller's tenant match ``filters``, and the page ``offset`` and
         ``limit`` pick of them, newest first (see ``AuditLog.page``); needs ``audit``. The operator
         (``caller=None``) reads any tenant's, or ``tenant``'s: receipted in each tenant it read."""
-        who = None if caller is None else _asker(caller, None, tenant, None)
+        who = None if caller is None else asker(caller, None, tenant, None)
         scope = who.tenant if who is not None else tenant
         return self._gate.run(
             Operation.AUDIT,
@@ -909,7 +836,7 @@ class Warehouse:
         """Verify every receipt chain on behalf of ``caller``, against the checkpoint ``expect_head``
         when given (see ``AuditLog.verify``); needs ``audit`` in its tenant. The operator
         (``caller=None``) is receipted in every tenant."""
-        who = None if caller is None else _asker(caller, None, tenant, None)
+        who = None if caller is None else asker(caller, None, tenant, None)
         return self._gate.run(
             Operation.AUDIT,
             who,
@@ -920,96 +847,6 @@ class Warehouse:
             touched=lambda _: self._every_tenant(),
             neutral=True,
         )
-
-
-def _caller_of(caller: Caller | None, subject: str | None, tenant: str | None, actor: str | None) -> Caller | None:
-    """The Python API's edge: ``caller`` whole (a verified ``Identity``, say), else one ``Caller``
-    validated here from the loose arguments; None when neither names anyone (the operator)."""
-    if caller is not None:
-        if not isinstance(caller, Caller):
-            raise InvalidRequestError(f"caller must be a Caller, got {type(caller).__name__}")
-        if (subject is not None and subject != caller.subject) or tenant not in (None, caller.tenant) or actor not in (None, caller.actor):
-            raise InvalidRequestError(f"pass the caller whole or as subject/tenant/actor, not both ({caller.subject} in {caller.tenant})")
-        return caller
-    if subject is None:  # the operator; a tenant then only narrows where it acts (forget)
-        if actor is not None:
-            raise InvalidRequestError(f"actor {actor!r} was given without the subject it acts for")
-        return None
-    return Caller(subject=subject, tenant=tenant, actor=actor)  # type: ignore[arg-type] - validated there
-
-
-def _required(caller: Caller | None, subject: str | None, tenant: str | None, actor: str | None, operation: Operation) -> Caller:
-    """The caller of an operation that is always someone's (search, get, derive, admin)."""
-    who = _caller_of(caller, subject, tenant, actor)
-    if who is None:
-        raise InvalidRequestError(f"{operation} needs a caller: pass subject and tenant, or caller")
-    return who
-
-
-def _asker(caller: str | Caller | None, subject: str | None, tenant: str | None, actor: str | None) -> Caller:
-    """Who asks a question about access (explain, reviews, the audit): ``caller`` whole, or the
-    subject ``caller`` names (by default ``subject``, asking about itself) in ``tenant``."""
-    if isinstance(caller, Caller):
-        if tenant not in (None, caller.tenant):
-            raise InvalidRequestError(f"{caller.subject} acts in {caller.tenant!r}, not {tenant!r}")
-        return caller
-    name = caller if caller is not None else subject
-    if name is None:
-        raise InvalidRequestError("a question about access needs the caller who asks")
-    return Caller(subject=name, tenant=tenant, actor=actor)  # type: ignore[arg-type] - validated there
-
-
-_DONE = {Operation.SEARCH: "returned", Operation.GET: "returned", Operation.DERIVE: "derived",
-         Operation.INGEST: "ingested", Operation.SYNC: "re-tagged", Operation.FORGET: "erased"}  # fmt: skip
-"""What each operation did to the rows a lineage shows, in its receipts' words."""
-
-
-def _lineage_receipt(receipt: StoredReceipt, touched: set[str]) -> dict[str, Any]:
-    """One receipt as lineage shows it: what it did to the lineage's rows, refusals as refusals."""
-    rows = sorted(set(receipt.chunk_ids) & touched)
-    if not receipt.allowed:
-        outcome = "refused"
-    elif receipt.operation == Operation.EXPLAIN:
-        visible = receipt.details.get("visible")
-        outcome = "explained" if visible is None else f"explained: {'visible' if visible else 'not visible'}"
-    else:
-        outcome = _DONE.get(receipt.operation, receipt.operation)
-    return {
-        "chain": receipt.chain,
-        "seq": receipt.seq,
-        "time": receipt.time.isoformat(),
-        "operation": receipt.operation,
-        "subject": receipt.subject,
-        "actor": receipt.actor,
-        "purpose": receipt.purpose,
-        "allowed": receipt.allowed,
-        "outcome": outcome,
-        "returned": rows if outcome == "returned" else [],
-        "rows": rows,
-    }
-
-
-def _asked(item_id: object) -> tuple[str, ...]:
-    """The id a probe asked about, as a receipt can hold it (none if it is not text a receipt can
-    hold): receipts of explain and of a refused get name it with ``allowed`` saying what came of it."""
-    asked = str(item_id)[:256]
-    return (asked,) if asked and "\x00" not in asked and asked.isprintable() else ()
-
-
-def _read_sync_file(path: Path) -> list[dict[str, Any]]:
-    """Sync records of a JSONL file; a malformed line stops the sync before anything changes."""
-    records = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidSourceError(str(path), f"cannot read: {exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise InvalidSourceError(f"{path}:{number}", f"not valid JSON ({exc.msg})") from None
-    return records
 
 
 def open(  # noqa: A001 - the public name is fixed by the API
@@ -1042,16 +879,3 @@ def _ingested(report: IngestReport) -> dict[str, Any]:
         "doc_ids": report.written,
         "details": {"run_id": report.run_id, "rejected": len(report.rejected), "chunks": report.chunks},
     }
-
-
-def _confined_outcomes(record: object, origin: str, tenant: str | None) -> Iterable[Outcome]:
-    """A record's outcomes, confined to ``tenant`` when a named caller ingests: a record naming no
-    tenant takes the caller's, one naming another is rejected."""
-    if tenant is not None and isinstance(record, Mapping):
-        named = record.get("tenant", tenant)
-        if named != tenant:
-            return [Rejected(source=f"{origin} (id {record.get('id')!r})", reason=f"tenant {named!r} is not the caller's tenant {tenant!r}")]
-        record = {**record, "tenant": tenant}
-    if not isinstance(record, Mapping):
-        return [Rejected(source=origin, reason=f"a record must be an object, not {type(record).__name__}")]
-    return record_outcome(record, origin)

@@ -495,3 +495,10 @@ def broken_links(chain: str, links: Iterable[Mapping[str, Any]]) -> list[str]:
                 problems.append(f"{place(chain, seq)}: prev_hash is not the hash of the receipt before it (seq {prev_seq})")
         expected_seq, expected_prev, prev_seq = seq + 1, row["hash"], seq
     return problems or [f"chain {chain or '(legacy)'}: its links do not add up (a receipt was inserted or renumbered)"]
+
+
+def probe_ids(item_id: object) -> tuple[str, ...]:
+    """The id a probe asked about, as a receipt can hold it (none if it is not text a receipt can
+    hold): receipts of explain and of a refused get name it with ``allowed`` saying what came of it."""
+    asked = str(item_id)[:256]
+    return (asked,) if asked and "\x00" not in asked and asked.isprintable() else ()

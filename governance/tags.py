@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -147,6 +147,16 @@ def clause_token(principals: frozenset[str] | tuple[str, ...] | list[str]) -> st
     return "c" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
 
 
+ALLOWS_NOBODY = "the ACL allows nobody (acl.allow is empty); name at least one principal"
+
+
+def allows_nobody(clauses: Iterable[Iterable[str]]) -> bool:
+    """The rule wherever an ACL is made: one with no clause, or with a clause naming nobody, lets
+    nobody read, and is refused (fail closed: never stored as a row no one can see)."""
+    clauses = [frozenset(clause) for clause in clauses]
+    return not clauses or any(not clause for clause in clauses)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GovernanceTags:
     """The governance of one row: who may read it, who may not, its labels and level.
@@ -170,8 +180,8 @@ class GovernanceTags:
         problems += [principal_problem(p) for clause in self.acl_clauses for p in clause]
         problems += [principal_problem(p) for p in self.acl_deny]
         problems += [label_problem(label) for label in self.labels]
-        if not self.acl_clauses or any(not clause for clause in self.acl_clauses):
-            problems.append("the ACL allows nobody (an empty allow list); name at least one principal")
+        if allows_nobody(self.acl_clauses):
+            problems.append(ALLOWS_NOBODY)
         if not isinstance(self.classification, Classification):
             problems.append(f"classification {self.classification!r} is not a Classification")
         found = [p for p in problems if p]

@@ -353,7 +353,7 @@ class _Loader:
             where = f"no rule of {self.manifest.path} matches it" if self.manifest else "no manifest"
             raise InvalidSourceError(origin, f"no governance: no sidecar {sidecar.name} and {where}")
         if self.posix:
-            fields["acl"] = posix_readers(path, origin=origin).as_acl()
+            fields["acl"] = posix_readers(path, origin=origin)  # typed: parse_tags takes it as it is
             if fields.get("classification") is None:
                 fields["classification"] = POSIX_DEFAULT_CLASSIFICATION
         if fields.get("tenant") is None:

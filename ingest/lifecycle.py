@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from ..embedder import Embedder
@@ -42,6 +43,7 @@ class SyncReport:
     """What ``sync`` re-tagged: documents, their chunks and the rows derived from them."""
 
     keys: tuple[DocumentKey, ...]  # (tenant, doc id) of each document re-tagged
+    tags: tuple[GovernanceTags, ...]  # the tags each got, in the same order
     chunks: int
     derived: int
     table_version: int
@@ -214,12 +216,26 @@ class Lifecycle:
         self.doors.sources.record(sources, chunks_version=version)
         return SyncReport(
             keys=tuple((tags.tenant, doc_id) for doc_id, tags in changes),
+            tags=tuple(tags for _, tags in changes),
             chunks=chunks,
             derived=derived,
             table_version=version,
         )
 
     # -- forget -------------------------------------------------------------------------------
+
+    def erasure(self, item_id: str, tenant: str | None, reason: str) -> Callable[[], ForgetReport]:
+        """How to erase ``item_id`` within ``tenant`` (None: the operator, any tenant): as a
+        document if one of that id is there, else as a derived row; missing reads as not found
+        (another tenant's item too: a caller is confined to its own)."""
+        holders = self.doors.sources.document_tenants(item_id)
+        if (tenant is None and holders) or tenant in holders:
+            owner = self.doors.sources.tenant_of(item_id, tenant, holders)
+            return lambda: self.forget(item_id, tenant=owner, reason=reason)
+        row_tenant = self.doors.chunks.row_tenant(item_id)
+        if row_tenant is not None and tenant in (None, row_tenant):
+            return lambda: self.forget_row(item_id, tenant=row_tenant, reason=reason)
+        raise NotFoundError(f"document or derived row {item_id!r} not found")
 
     def forget(self, doc_id: str, *, tenant: str, reason: str) -> ForgetReport:
         """Erase a source of ``tenant`` and everything derived from it, then purge old versions
@@ -353,3 +369,19 @@ def _parents_first(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for chunk_id in sorted(rows):
         visit(chunk_id)
     return ordered
+
+
+def read_sync_file(path: Path) -> list[dict[str, Any]]:
+    """Sync records of a JSONL file; a malformed line stops the sync before anything changes."""
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSourceError(str(path), f"cannot read: {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InvalidSourceError(f"{path}:{number}", f"not valid JSON ({exc.msg})") from None
+    return records

@@ -15,6 +15,7 @@ from typing import Protocol
 from tqdm import tqdm
 
 from ..embedder import Embedder
+from ..governance.tags import GovernanceTags
 from ..state import WriteDoors
 from .files import RECORD_SUFFIXES, distinct_inputs, iter_file_sources, walk_documents
 from .records import Outcome, Rejected, Skipped, SourceRecord, open_jsonl, read_jsonl
@@ -41,6 +42,7 @@ class IngestReport:
 
     run_id: str
     written_documents: tuple[tuple[str, str], ...]  # (tenant, doc id) of each written document
+    written_tags: tuple[GovernanceTags, ...] = ()  # the tags each written document got, in the same order
     unchanged: int
     chunks: int
     skipped: tuple[Skipped, ...]
@@ -244,6 +246,7 @@ def run_ingest(
     skipped: list[Skipped] = []
     rejected: list[Rejected] = []
     written: list[tuple[str, str]] = []
+    written_tags: list[GovernanceTags] = []
     unchanged = chunks = 0
     batch: list[SourceRecord] = []
     window: list[list[SourceRecord]] = []
@@ -265,6 +268,8 @@ def run_ingest(
             return
         for records, result in zip(window, write_many(window), strict=True):
             written.extend(result.written)
+            tags_of = {record.key: record.tags for record in records}
+            written_tags.extend(tags_of[key] for key in result.written)
             unchanged += len(result.unchanged)
             chunks += result.chunks
             bar.committed(len(records), result.chunks)
@@ -289,6 +294,7 @@ def run_ingest(
     return IngestReport(
         run_id=run_id,
         written_documents=tuple(written),
+        written_tags=tuple(written_tags),
         unchanged=unchanged,
         chunks=chunks,
         skipped=tuple(skipped),

@@ -68,7 +68,8 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import InvalidSourceError, InvalidValueError
-from ..governance.tags import EVERYONE
+from ..governance.tags import EVERYONE, allows_nobody
+from .records import Acl
 
 ACL_XATTR = "system.posix_acl_access"
 NFS4_ACL_XATTR = "system.nfs4_acl"
@@ -160,30 +161,19 @@ class Step:
             yield Principal(kind="group", number=gid), f"named in the ACL of {self.path}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class PosixReaders:
-    """The principals a file's POSIX permissions allow and deny (see the module docstring)."""
-
-    allow: tuple[str, ...]
-    deny: tuple[str, ...]
-
-    def as_acl(self) -> dict[str, list[str]]:
-        """The ACL mapping a source record takes."""
-        return {"allow": list(self.allow), "deny": list(self.deny)}
-
-
-def posix_readers(path: Path, *, origin: str | None = None) -> PosixReaders:
-    """Who may read ``path``; InvalidSourceError naming ``origin`` (default: the path) if unsure."""
+def posix_readers(path: Path, *, origin: str | None = None) -> Acl:
+    """The principals ``path``'s POSIX permissions allow and deny (see the module docstring), typed
+    through to the row; InvalidSourceError naming ``origin`` (default: the path) if unsure."""
     where = str(path) if origin is None else origin
     try:
         steps = read_steps(path)
         names = _names(steps)
         allow, deny = decide(steps)
-        if not allow:
+        if allows_nobody([allow]):  # refused as any ACL that allows nobody is; said in POSIX's terms
             raise InvalidValueError("no user, group or other may both search every folder above it and read it")
     except ValueError as exc:
         raise InvalidSourceError(where, f"POSIX permissions: {exc}") from None
-    return PosixReaders(allow=_sorted_names(allow, names), deny=_sorted_names(deny, names))
+    return Acl(allow=_sorted_names(allow, names), deny=_sorted_names(deny, names))
 
 
 def decide(steps: tuple[Step, ...]) -> tuple[frozenset[Principal], frozenset[Principal]]:

@@ -12,13 +12,21 @@ import hashlib
 import json
 import math
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import InvalidSourceError, InvalidValueError
-from ..governance.tags import Classification, GovernanceTags, label_problem, principal_problem, tenant_problem
+from ..governance.tags import (
+    ALLOWS_NOBODY,
+    Classification,
+    GovernanceTags,
+    allows_nobody,
+    label_problem,
+    principal_problem,
+    tenant_problem,
+)
 
 MAX_ID_LENGTH = 512
 MAX_LINE_BYTES = 20 * 1024 * 1024
@@ -94,13 +102,24 @@ def _string_list(value: object, what: str) -> list[str]:
     return value
 
 
+@dataclass(frozen=True, kw_only=True)
+class Acl:
+    """An ACL a reader of permissions made (``posix_access``): principals, typed, with no JSON
+    shape to check; ``GovernanceTags`` checks the principals, as it does any ACL's."""
+
+    allow: tuple[str, ...]
+    deny: tuple[str, ...] = ()
+
+
 def parse_tags(*, tenant: object, acl: object, labels: object, classification: object) -> GovernanceTags:
-    """A source's governance from its JSON fields; ValueError says everything that is wrong, at
-    once (fail closed: nothing is defaulted)."""
+    """A source's governance from its JSON fields (or an ``Acl`` a reader typed); ValueError says
+    everything that is wrong, at once (fail closed: nothing is defaulted)."""
     problems: list[str] = []
     allow: list[str] = []
     deny: list[str] = []
-    if acl is None:
+    if isinstance(acl, Acl):
+        allow, deny = list(acl.allow), list(acl.deny)
+    elif acl is None:
         problems.append("no ACL; every source needs acl.allow (fail closed)")
     elif not isinstance(acl, Mapping):
         problems.append(f"acl must be an object with allow and deny lists, not {type(acl).__name__}")
@@ -110,8 +129,8 @@ def parse_tags(*, tenant: object, acl: object, labels: object, classification: o
             problems.append(f"acl has unknown keys {sorted(unknown)}; use allow and deny")
         allow = _collected(problems, lambda: _string_list(acl.get("allow"), "acl.allow"))
         deny = _collected(problems, lambda: _string_list(acl.get("deny"), "acl.deny"))
-        if not allow and isinstance(acl.get("allow", []), list):  # (a list of the wrong type is said above)
-            problems.append("acl.allow is empty, so nobody could read it; name at least one principal")
+        if isinstance(acl.get("allow", []), list) and allows_nobody([allow]):  # (a list of the wrong type is said above)
+            problems.append(ALLOWS_NOBODY)
     named = _collected(problems, lambda: _string_list(labels, "labels"))
     if classification is None:
         problems.append("no classification; use public, internal, confidential or restricted")
@@ -295,3 +314,24 @@ def record_outcome(obj: Mapping[str, Any], origin: str) -> Iterator[Outcome]:
         )
     except InvalidSourceError as exc:
         yield Rejected(source=exc.source, reason=exc.reason)
+
+
+def confined_outcomes(records: Iterable[object], *, tenant: str | None) -> Iterator[Outcome]:
+    """The outcome of each record (``record N``), confined to ``tenant`` when a named caller
+    ingests: a record naming no tenant takes the caller's, one naming another is rejected
+    (nothing written for it). ``tenant`` None: the operator's records, as they are."""
+    for number, record in enumerate(records, start=1):
+        yield from _confined(record, f"record {number}", tenant)
+
+
+def _confined(record: object, origin: str, tenant: str | None) -> Iterable[Outcome]:
+    """A record's outcomes, confined to ``tenant`` when a named caller ingests: a record naming no
+    tenant takes the caller's, one naming another is rejected."""
+    if tenant is not None and isinstance(record, Mapping):
+        named = record.get("tenant", tenant)
+        if named != tenant:
+            return [Rejected(source=f"{origin} (id {record.get('id')!r})", reason=f"tenant {named!r} is not the caller's tenant {tenant!r}")]
+        record = {**record, "tenant": tenant}
+    if not isinstance(record, Mapping):
+        return [Rejected(source=origin, reason=f"a record must be an object, not {type(record).__name__}")]
+    return record_outcome(record, origin)

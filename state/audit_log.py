@@ -165,6 +165,7 @@ class AuditLog:
         self._folder_pid: int | None = None
         self._folder_running = False
         self._folder_lock = threading.Lock()
+        self._folder: threading.Thread | None = None
         self._swept_at = float("-inf")
 
     def _key_problem(self) -> str | None:
@@ -193,7 +194,21 @@ class AuditLog:
             if self._folder_pid != os.getpid():
                 atexit.register(_fold_at_exit, weakref.ref(self))
             self._folder_pid, self._folder_running = os.getpid(), True
-        threading.Thread(target=_fold_while_waiting, args=(weakref.ref(self),), name="audit-folder", daemon=True).start()
+            self._folder = threading.Thread(target=_fold_while_waiting, args=(weakref.ref(self),), name="audit-folder", daemon=True)
+            self._folder.start()
+
+    def close(self, timeout: float = 60.0) -> bool:
+        """Finish this writer's background work: fold its journal into the table, let the folding
+        thread end and wait for any compaction or checkpoint, so the folder can be copied or the
+        process left with nothing in flight. False if something still ran at ``timeout``. The log
+        stays usable: a later receipt starts the work again."""
+        self.fold()
+        with self._folder_lock:
+            folder = self._folder
+        if folder is not None:
+            self._fold_wake.set()
+            folder.join(timeout)
+        return self.settled(timeout) and not (folder is not None and folder.is_alive())
 
     def _fold_when_due(self) -> bool:
         """Fold if ``FOLD_ROWS`` receipts wait or the oldest has waited ``FOLD_AFTER_S`` (sweeping

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import InvalidRequestError, NotFoundError
 from ..governance.sql import sql_documents
 from ..governance.tags import GovernanceTags
 from .chunks import ChunkReads
@@ -61,6 +62,21 @@ class Sources(Door):
         for an operator who names no tenant."""
         recorded = {r["tenant"] for r in rows_where_in(self._table, "doc_id", [doc_id], ["tenant"])}
         return sorted(recorded | self._chunks.tenants_holding(doc_id))
+
+    def tenant_of(self, doc_id: str, tenant: str | None, holders: list[str] | None = None) -> str:
+        """The tenant whose document ``doc_id`` is meant: ``tenant`` if named, else the only one
+        holding such an id (the operator's case; ``holders`` if the caller read them already).
+        ``NotFoundError`` when none does, ``InvalidRequestError`` when several do."""
+        if tenant is not None:
+            return tenant
+        holders = self.document_tenants(doc_id) if holders is None else holders
+        if not holders:
+            raise NotFoundError(f"document {doc_id!r} not found")
+        if len(holders) > 1:
+            raise InvalidRequestError(
+                f"document id {doc_id!r} is used in tenants {', '.join(map(repr, holders))}: name the tenant (--tenant)"
+            )
+        return holders[0]
 
     def tenants(self) -> list[str]:
         """Every tenant the warehouse holds a source record of."""

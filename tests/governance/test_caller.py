@@ -47,3 +47,23 @@ def test_a_caller_and_loose_arguments_that_disagree_are_refused_before_anything_
     with pytest.raises(InvalidRequestError, match="must be a user"):
         small_warehouse.search("budget", subject="service:indexer", tenant="acme")
     assert small_warehouse.audit.count() == before  # refused at the edge: no operation, no receipt
+
+
+def test_a_search_and_a_get_check_who_asks_once_from_loose_arguments_and_never_for_a_caller_passed_whole(
+    small_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
+):
+    checks: list[str] = []
+    check = Caller._problem
+
+    def counted(self: Caller) -> tuple[str, str] | None:
+        checks.append(self.subject)
+        return check(self)
+
+    monkeypatch.setattr(Caller, "_problem", counted)
+    small_warehouse.search("quarterly budget", subject="user:alice", tenant="acme", k=2)
+    assert checks == ["user:alice"]  # built once at the edge, then passed whole
+    who = Caller(subject="user:alice", tenant="acme")
+    checks.clear()
+    (hit,) = small_warehouse.search("quarterly budget", caller=who, k=1)
+    small_warehouse.get_chunk(hit.chunk_id, caller=who)
+    assert checks == []

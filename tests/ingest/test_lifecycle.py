@@ -90,6 +90,7 @@ def test_sync_retags_chunks_and_derived_rows_transitively_without_reembedding(li
 
     report = wh.sync([doc("staff", "", ["group:finance"], ["finance"], "confidential")])
     assert (report.chunks, report.derived) == (1, 2)
+    assert list(report.tags) == wh.store.sources.tags(report.keys)  # the report says the tags it wrote
     assert not set(ids) & visible_ids(wh, "user:dave", "Friday")
     assert set(ids) <= visible_ids(wh, "user:alice", "Friday")
     rows = wh.store.chunks.rows(ids)

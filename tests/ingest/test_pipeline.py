@@ -45,6 +45,14 @@ def test_posix_permissions_become_the_acl(demo_policy_warehouse, tmp_path):
     assert (row["tenant"], row["classification"]) == ("acme", 1)
 
 
+def test_the_report_carries_the_tags_it_wrote_equal_to_what_the_sources_table_holds(fresh_warehouse):
+    corpus = Path(__file__).resolve().parents[2] / "examples" / "demo" / "corpus.jsonl"
+    report = fresh_warehouse.ingest(corpus)
+    assert len(report.written_tags) == len(report.written_documents) == report.documents > 0
+    assert list(report.written_tags) == fresh_warehouse.store.sources.tags(report.written_documents)
+    assert {tags.tenant for tags in report.written_tags} == {tenant for tenant, _ in report.written_documents}
+
+
 def test_a_missing_path_is_rejected_by_name(fresh_warehouse, tmp_path):
     report = fresh_warehouse.ingest([tmp_path / "nope.jsonl"])
     assert [(r.source, r.reason) for r in report.rejected] == [(str(tmp_path / "nope.jsonl"), "no such file or folder")]

@@ -28,7 +28,8 @@ import pytest
 from support.raw_tables import raw_table
 
 from ragwarden.ingest.files import iter_file_sources
-from ragwarden.ingest.posix_access import ACL_XATTR, NFS4_ACL_XATTR, AclEntry, Tag, parse_acl_xattr
+from ragwarden.ingest import records
+from ragwarden.ingest.posix_access import ACL_XATTR, NFS4_ACL_XATTR, AclEntry, Tag, parse_acl_xattr, posix_readers
 from ragwarden.ingest.records import Rejected, SourceRecord
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving files to other users (chown) needs root")
@@ -95,6 +96,23 @@ def acl_of(path: Path) -> Acl:
 
 
 # --- the whole path counts ----------------------------------------------------------------------
+
+
+def test_the_readers_stay_typed_from_the_permissions_to_the_row(open_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make(make(open_root / "team", 0o755) / "plan.txt", 0o644, text="the team plan")
+    readers = posix_readers(path)
+    assert isinstance(readers, records.Acl) and isinstance(readers.allow, tuple) and readers.allow
+    seen: list[object] = []
+    parse = records.parse_tags
+
+    def watched(**fields: object):
+        seen.append(fields["acl"])
+        return parse(**fields)
+
+    monkeypatch.setattr(records, "parse_tags", watched)
+    outcome = outcome_of(path)
+    assert isinstance(outcome, SourceRecord) and seen == [readers]  # handed over typed, never as a JSON dict
+    assert (sorted(outcome.tags.acl_allow), sorted(outcome.tags.acl_deny)) == (sorted(readers.allow), sorted(readers.deny))
 
 
 def test_a_world_readable_file_in_a_private_folder_is_not_readable_by_everyone(open_root: Path) -> None:

@@ -66,7 +66,8 @@ def test_a_ray_ingest_with_an_actor_killed_equals_a_local_one_and_ray_listens_on
     lines = [json.dumps(r) for r in (extra, *more)]
     corpus.write_text(CORPUS.read_text(encoding="utf-8").rstrip("\n") + "\n" + "\n".join(lines) + "\n", encoding="utf-8")
     empty = tmp_path / "empty"
-    Warehouse(Settings(warehouse=str(empty)), embedder=onnx_embedder).install_policy(policy_file("demo.csv"))
+    with Warehouse(Settings(warehouse=str(empty)), embedder=onnx_embedder) as warehouse:  # its receipt folded before the copy
+        warehouse.install_policy(policy_file("demo.csv"))
     shutil.copytree(empty, tmp_path / "distributed")
     local = Warehouse(Settings(warehouse=str(empty)), embedder=onnx_embedder)
     assert local.ingest(corpus).ok

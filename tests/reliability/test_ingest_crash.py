@@ -67,7 +67,8 @@ def crash_input(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) ->
                for i in range(DOCUMENTS)]  # fmt: skip
     corpus.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     empty = folder / "empty"
-    Warehouse(Settings(warehouse=str(empty)), embedder=embedder).install_policy(policy_file("demo.csv"))
+    with Warehouse(Settings(warehouse=str(empty)), embedder=embedder) as warehouse:  # its receipt folded before the copy
+        warehouse.install_policy(policy_file("demo.csv"))
     shutil.copytree(empty, folder / "complete")
     complete = Warehouse(Settings(warehouse=str(folder / "complete"), write_batch_docs=BATCH_DOCS,
                                   embed_window_docs=BATCH_DOCS), embedder=embedder)  # fmt: skip

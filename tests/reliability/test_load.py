@@ -45,6 +45,7 @@ def test_eight_clients_for_a_minute_while_one_ingests_get_no_error_and_no_leak(
     from support.live_server import serving
 
     seconds = float(os.environ.get("RAGWARDEN_LOAD_SECONDS", "60"))
+    demo_warehouse.close()  # the receipts other tests left, folded before the copy
     shutil.copytree(demo_warehouse.uri, tmp_path / "warehouse")
     warehouse = Warehouse(Settings(warehouse=str(tmp_path / "warehouse")), embedder=demo_warehouse.embedder)
     results: list[dict[str, Any]] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import binascii
 import json
 import multiprocessing
+import shutil
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -101,6 +102,22 @@ def test_a_fold_moves_every_waiting_file_in_one_commit_and_each_receipt_stays_on
     assert journal_files(folder) == [] and log.count() == 5 and log.verify().ok
     log.append(receipt(5))  # the chain goes on from the journal
     assert [found.seq for found in log.query(chunk_id="c5")] == [6] and log.verify().ok
+
+
+def test_close_leaves_nothing_in_the_journal_and_no_thread_writing_so_a_copy_of_the_folder_is_whole(
+    tmp_path: Path,
+) -> None:
+    log = journaled_log(tmp_path / "warehouse")  # folds on its own, in the background
+    for n in range(5):
+        log.append(receipt(n))
+    assert log._folder is not None and log._folder.is_alive()
+    assert log.close()
+    assert journal_files(tmp_path / "warehouse") == [] and not log._folder.is_alive()
+    shutil.copytree(tmp_path / "warehouse", tmp_path / "copy")
+    copied = journaled_log(tmp_path / "copy").verify()
+    assert copied.ok and copied.receipts == 5
+    log.append(receipt(5))  # still usable: the next receipt starts the background work again
+    assert log._folder.is_alive() and log.count() == 6
 
 
 def test_busy_concurrent_writers_commit_the_table_once_per_fold_not_once_per_group_commit(tmp_path: Path) -> None:
