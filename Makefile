@@ -5,13 +5,15 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install chromium acl-tools demo test test-fast test-quality bench bench-smoke bench-serve bench-gpu soak clean
+.PHONY: install chromium acl-tools demo test figures test-fast test-quality bench bench-smoke bench-serve bench-gpu soak clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
+	# The distribution was once named ragwarden, a name the package index gives another project.
+	$(BIN)/python -m pip uninstall --quiet --yes ragwarden 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e '.[test,ray]'
 	touch $@
 
@@ -45,10 +47,17 @@ demo: install
 # The SciFact quality test (marked `quality`) is left to `make bench`, which measures the same nDCG@10.
 # RAGWARDEN_REQUIRE_BROWSER: here a missing browser fails the console tests instead of skipping them;
 # RAGWARDEN_REQUIRE_ACL: likewise a missing setfacl fails the POSIX ACL tests.
+# RAGWARDEN_RECORD_SUITE: the run is recorded in build/suite.json; `make figures` quotes it in the README.
 test: install chromium acl-tools
-	@RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 $(BIN)/pytest -m "not quality"; status=$$?; \
+	@RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 RAGWARDEN_RECORD_SUITE=build/suite.json $(BIN)/pytest -m "not quality"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
+
+# Render every figure the README and docs quote from the recorded runs (bench/results/), the
+# last `make test` included.
+figures: install
+	@if [ -f build/suite.json ]; then cp build/suite.json bench/results/suite.json; fi
+	$(BIN)/python -m ragwarden.bench.figures
 
 test-fast: install chromium acl-tools
 	RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 $(BIN)/pytest -m "not slow and not quality"

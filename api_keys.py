@@ -86,11 +86,12 @@ class ApiKeys:
         return [_record(row) for row in self.table.rows()]
 
 
-def api_keys_at(warehouse: str, storage_options: Mapping[str, str] | None = None) -> ApiKeys:
+def api_keys_at(warehouse: str, storage_options: Mapping[str, str] | None = None, *, create: bool = True) -> ApiKeys:
     """The API keys of the warehouse at ``warehouse`` (a folder or an object-store URI), without
     opening the warehouse itself (no embedding model is loaded): for the ``apikey`` commands, and
-    for a stdio server checking its token before it starts. The table is opened at the first use."""
-    return ApiKeys(lambda: ApiKeysTable.at(warehouse, storage_options))
+    for a stdio server checking its token before it starts. The table is opened at the first use;
+    without ``create`` a missing warehouse is refused then, naming the path."""
+    return ApiKeys(lambda: ApiKeysTable.at(warehouse, storage_options, create=create))
 
 
 def _record(row: ApiKeyRow) -> ApiKey:

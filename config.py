@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +23,8 @@ DEFAULT_EMBED_BACKEND: EmbedBackend = "onnx-int8"
 DEFAULT_WAREHOUSE = ".ragwarden"
 DEFAULT_DATA_DIR = "../shared/data"
 JWT_ALGORITHMS = ("HS256", "RS256", "ES256")
+MetricsAccess = Literal["off", "loopback", "open"]
+METRICS_ACCESS: tuple[MetricsAccess, ...] = get_args(MetricsAccess)
 
 
 def check_embed_backend(value: object) -> EmbedBackend:
@@ -31,6 +34,25 @@ def check_embed_backend(value: object) -> EmbedBackend:
             f"unknown embedding backend {value!r} (RAGWARDEN_EMBED_BACKEND); use one of {', '.join(EMBED_BACKENDS)}"
         )
     return value  # type: ignore[return-value]
+
+
+# A Host header value: a DNS name, an IPv4 address or a bracketed IPv6 one, then a port or ``*``.
+_ALLOWED_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)(:(?:[0-9]{1,5}|\*))?")
+
+
+def check_allowed_hosts(hosts: object) -> tuple[str, ...]:
+    """``hosts`` as public host names for ``/mcp`` (RAGWARDEN_ALLOWED_HOSTS). A value no ``Host``
+    header could match (a URL, a path, a wildcard name) is refused at start, naming it, rather than
+    leave ``/mcp`` answering 421 to the name it was meant to admit."""
+    if not isinstance(hosts, tuple):
+        raise ConfigurationError(f"setting allowed_hosts must be a tuple of host names, got {hosts!r}")
+    for host in hosts:
+        if not isinstance(host, str) or not _ALLOWED_HOST.fullmatch(host):
+            raise ConfigurationError(
+                f"RAGWARDEN_ALLOWED_HOSTS: {host!r} is not a host; give NAME, NAME:PORT or NAME:* "
+                "(no scheme, path or wildcard name), comma-separated, e.g. rag.example.com,rag.example.com:*"
+            )
+    return hosts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +78,9 @@ class AuthSettings:
     """How services verify bearer tokens; API keys need nothing here (their hashes live in the warehouse).
 
     ``jwt_secret`` enables HS256; ``jwt_jwks`` (a file path or an http(s) URL) enables RS256/ES256.
+    ``jwt_previous_secret`` is the HS256 secret being rotated out: tokens it signed are still
+    accepted beside those of ``jwt_secret``, for the overlap of a rotation (the identity provider
+    goes on signing with it until every replica accepts the new one).
     With either, ``issuer`` and ``audience`` are required: a token is checked for both, and for
     ``exp`` and ``nbf``. ``tenant_claim`` names the claim that carries the caller's tenant.
     ``groups_claim`` (off by default) names a claim whose values become ``group:`` principals of
@@ -63,9 +88,12 @@ class AuthSettings:
     say who is in which group. ``groups_map`` maps a value's prefix to a group prefix
     (``{"okta-": "group:"}``); with a map, a value matching no prefix is ignored.
     ``token`` is the credential of a stdio MCP server (whoever launches it supplies the identity).
+    ``leeway_seconds`` is how far a token's ``exp``, ``nbf`` and ``iat`` may be off the clock of
+    the server checking them (clocks of issuer and server drift).
     """
 
     jwt_secret: bytes | None = field(default=None, repr=False)
+    jwt_previous_secret: bytes | None = field(default=None, repr=False)
     jwt_jwks: str | None = None
     issuer: str | None = None
     audience: str | None = None
@@ -82,6 +110,12 @@ class AuthSettings:
             )
         if self.jwt_secret is not None and len(self.jwt_secret) < 32:
             raise ConfigurationError("RAGWARDEN_JWT_SECRET must be at least 32 bytes (HS256 keys shorter than the hash are weak)")
+        if self.jwt_previous_secret is not None:
+            if self.jwt_secret is None:
+                raise ConfigurationError("RAGWARDEN_JWT_PREVIOUS_SECRET is accepted beside RAGWARDEN_JWT_SECRET only: "
+                                         "set the new secret in RAGWARDEN_JWT_SECRET")  # fmt: skip
+            if len(self.jwt_previous_secret) < 32:
+                raise ConfigurationError("RAGWARDEN_JWT_PREVIOUS_SECRET must be at least 32 bytes, as RAGWARDEN_JWT_SECRET")
         if not self.tenant_claim:
             raise ConfigurationError("RAGWARDEN_JWT_TENANT_CLAIM must name a claim")
         wrong = sorted(target for target in self.groups_map.values() if not str(target).startswith("group:"))
@@ -90,7 +124,7 @@ class AuthSettings:
         if self.groups_map and not self.groups_claim:
             raise ConfigurationError("RAGWARDEN_JWT_GROUPS_MAP needs RAGWARDEN_JWT_GROUPS_CLAIM, the claim it maps")
         if self.leeway_seconds < 0:
-            raise ConfigurationError(f"setting leeway_seconds must be at least 0, got {self.leeway_seconds}")
+            raise ConfigurationError(f"RAGWARDEN_JWT_LEEWAY_SECONDS must be at least 0, got {self.leeway_seconds}")
 
     @property
     def jwt_enabled(self) -> bool:
@@ -101,6 +135,8 @@ class AuthSettings:
         values: dict[str, object] = {}
         if env.get("RAGWARDEN_JWT_SECRET"):
             values["jwt_secret"] = env["RAGWARDEN_JWT_SECRET"].encode("utf-8")
+        if env.get("RAGWARDEN_JWT_PREVIOUS_SECRET"):
+            values["jwt_previous_secret"] = env["RAGWARDEN_JWT_PREVIOUS_SECRET"].encode("utf-8")
         for name, key in (
             ("jwt_jwks", "RAGWARDEN_JWT_JWKS"),
             ("issuer", "RAGWARDEN_JWT_ISSUER"),
@@ -111,6 +147,13 @@ class AuthSettings:
         ):
             if env.get(key):
                 values[name] = env[key]
+        if env.get("RAGWARDEN_JWT_LEEWAY_SECONDS"):
+            try:
+                values["leeway_seconds"] = int(env["RAGWARDEN_JWT_LEEWAY_SECONDS"])
+            except ValueError:
+                raise ConfigurationError(
+                    f"RAGWARDEN_JWT_LEEWAY_SECONDS must be a whole number of seconds, not {env['RAGWARDEN_JWT_LEEWAY_SECONDS']!r}"
+                ) from None
         if env.get("RAGWARDEN_JWT_GROUPS_MAP"):
             try:
                 mapped = json.loads(env["RAGWARDEN_JWT_GROUPS_MAP"])
@@ -144,6 +187,9 @@ class Settings:
     ``server_timing`` makes HTTP answers carry ``Server-Timing`` (milliseconds in line, at work and
     by stage): for measuring a replica no untrusted caller reaches, since a caller could read in
     them what its request cost; off, they go to the access log alone.
+    ``metrics`` says who may read ``/metrics`` (``api.metrics``): ``loopback`` (the default) serves
+    it to clients on this host alone, ``open`` to any client that reaches the port (a network only
+    the scraper reaches), ``off`` serves no ``/metrics`` and keeps no metrics.
     ``search_deadline_seconds`` is how long one search (or get) may work before it is stopped and
     answered 503 ``deadline_exceeded``; the work stops too when an HTTP client goes away.
     ``filter_max_bytes``, ``filter_max_terms``, ``filter_max_depth`` and ``filter_max_values``
@@ -158,6 +204,10 @@ class Settings:
     half the CPUs, at most 4).
     ``storage_options`` configure an object-store warehouse (``s3://bucket/prefix``...): Lance's
     storage options (``aws_endpoint``, ``aws_region``, ``allow_http``, credentials...).
+    ``allowed_hosts`` are the public names (``Host`` values: ``NAME``, ``NAME:PORT``, or ``NAME:*``
+    for any port) under which ``/mcp`` answers as well as loopback, e.g. behind a proxy at
+    ``rag.example.com``; the MCP transport refuses every other ``Host`` (421) and ``Origin`` (403)
+    against DNS rebinding (``api.mcp_server.transport_security``).
     """
 
     warehouse: str = DEFAULT_WAREHOUSE
@@ -182,6 +232,7 @@ class Settings:
     max_queued: int = 96
     search_deadline_seconds: float = 10.0
     server_timing: bool = False
+    metrics: MetricsAccess = "loopback"
     filter_max_bytes: int = FilterLimits.bytes
     filter_max_terms: int = FilterLimits.terms
     filter_max_depth: int = FilterLimits.depth
@@ -190,6 +241,7 @@ class Settings:
     resident_index_mb: int = 4096
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     ray_actors: int | None = None
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_file_bytes", "embed_batch_size", "write_batch_docs", "embed_window_docs", "max_body_bytes",
@@ -204,6 +256,10 @@ class Settings:
             raise ConfigurationError(f"setting search_deadline_seconds must be above 0, got {seconds}")
         _ = self.filter_limits  # building the limits refuses one below 1, naming its setting
         check_embed_backend(self.embed_backend)
+        if self.metrics not in METRICS_ACCESS:
+            raise ConfigurationError(f"unknown metrics access {self.metrics!r} (RAGWARDEN_METRICS); use one of "
+                                     f"{', '.join(METRICS_ACCESS)}")  # fmt: skip
+        check_allowed_hosts(self.allowed_hosts)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -222,6 +278,8 @@ class Settings:
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
         if env.get("RAGWARDEN_SERVER_TIMING"):
             values["server_timing"] = env["RAGWARDEN_SERVER_TIMING"].lower() in ("1", "true", "yes")
+        if env.get("RAGWARDEN_METRICS"):
+            values["metrics"] = env["RAGWARDEN_METRICS"].strip().lower()
         for name, unit in (("max_file_bytes", "bytes"), ("max_body_bytes", "bytes"), ("flat_cache_mb", "MiB"),
                            ("resident_index_mb", "MiB"), ("ray_actors", "actors"), ("embed_batch_size", "texts"), ("write_batch_docs", "documents"),
                            ("max_in_flight", "requests"), ("max_queued", "requests"), ("embed_threads", "threads"),
@@ -249,6 +307,9 @@ class Settings:
             values["lineage_dir"] = Path(env["RAGWARDEN_LINEAGE_DIR"])
         values["openlineage_env"] = {k: v for k, v in env.items() if k.startswith("OPENLINEAGE")}
         values["storage_options"] = storage_options_from_env(env)
+        if env.get("RAGWARDEN_ALLOWED_HOSTS"):
+            hosts = (host.strip() for host in env["RAGWARDEN_ALLOWED_HOSTS"].split(","))
+            values["allowed_hosts"] = tuple(host for host in hosts if host)
         values["auth"] = AuthSettings.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -152,32 +152,46 @@ class Authenticator:
     def _shared_secret_signs(self, header: dict[str, Any]) -> bool:
         return header.get("alg") == "HS256" and bool(self.settings.jwt_secret)
 
-    def _signing_key(self, token: str) -> tuple[Any, str]:
+    def _signing_keys(self, token: str) -> tuple[list[Any], str]:
+        """The keys that may have signed ``token``, in the order to try them: the shared secret, then
+        the previous one during a rotation; or the published key its ``kid`` names."""
         header = _unverified_header(token)
         algorithm = header.get("alg")
         if self._shared_secret_signs(header):
-            return self.settings.jwt_secret, algorithm
+            return [key for key in (self.settings.jwt_secret, self.settings.jwt_previous_secret) if key], algorithm
         if algorithm in ASYMMETRIC and self._jwks is not None:
             key = self._jwks.key(header.get("kid"))
             if key.algorithm_name != algorithm:
                 raise AuthenticationError(f"token algorithm {algorithm} does not match its key")
-            return key.key, algorithm
+            return [key.key], algorithm
         raise AuthenticationError(f"token algorithm {algorithm!r} is not accepted here")
+
+    def _decode(self, token: str, key: Any, algorithm: str) -> dict[str, Any]:
+        return jwt.decode(
+            token,
+            key,
+            algorithms=[algorithm],
+            audience=self.settings.audience,
+            issuer=self.settings.issuer,
+            leeway=self.settings.leeway_seconds,
+            options={"require": ["exp", "iss", "aud", "sub"], "verify_nbf": True},
+        )
+
+    def _claims(self, token: str, keys: list[Any], algorithm: str) -> dict[str, Any]:
+        """The claims of ``token`` under the first of ``keys`` its signature verifies with."""
+        for key in keys[:-1]:
+            try:
+                return self._decode(token, key, algorithm)
+            except jwt.InvalidSignatureError:
+                continue  # signed with the next key, or with none: the last one says which
+        return self._decode(token, keys[-1], algorithm)
 
     def _verify_jwt(self, token: str) -> Identity:
         if not self.settings.jwt_enabled:
             raise AuthenticationError("this service accepts API keys only (no JWT key is configured)")
-        key, algorithm = self._signing_key(token)
+        keys, algorithm = self._signing_keys(token)
         try:
-            claims = jwt.decode(
-                token,
-                key,
-                algorithms=[algorithm],
-                audience=self.settings.audience,
-                issuer=self.settings.issuer,
-                leeway=self.settings.leeway_seconds,
-                options={"require": ["exp", "iss", "aud", "sub"], "verify_nbf": True},
-            )
+            claims = self._claims(token, keys, algorithm)
         except jwt.ExpiredSignatureError:
             raise AuthenticationError("token has expired") from None
         except jwt.ImmatureSignatureError:

@@ -79,13 +79,15 @@ class PolicyError(RagwardenError):
 
 
 class InvalidPolicyError(PolicyError):
-    """A policy file has a line that is not a valid rule."""
+    """A policy file has lines that are not valid rules: each named with its number and reason,
+    one per line of the message (``line`` and ``reason`` are the first's; ``problems`` all)."""
 
-    def __init__(self, path: str, line: int, reason: str) -> None:
+    def __init__(self, path: str, line: int, reason: str, *, more: tuple[tuple[int, str], ...] = ()) -> None:
         self.path = path
         self.line = line
         self.reason = reason
-        super().__init__(f"{path}:{line}: {reason}")
+        self.problems = ((line, reason), *more)
+        super().__init__("\n".join(f"{path}:{number}: {why}" for number, why in self.problems))
 
 
 class InvalidRequestError(RagwardenError):

@@ -143,6 +143,12 @@ class PermissionGate:
             return permit(False, f"{caller.subject} may explain only its own access; asking about {about} needs audit")
         return permit(False, f"{caller.subject} is not granted audit in {caller.tenant}")
 
+    def rights(self, caller: Caller) -> tuple[Operation, ...]:
+        """The operations ``caller`` is granted under the policy in force, decided as ``run``
+        decides them and recorded nowhere: what a client may offer it (each call it then makes is
+        decided, and receipted, on its own). Reading one's own rights reads no row."""
+        return tuple(op for op in Operation if op.granted and self.decide(op, caller, Need.GRANT).allowed)
+
     def run(
         self,
         operation: Operation,

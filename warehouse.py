@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +44,7 @@ from .governance.trends import since as trend_start
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport, read_sync_file
 from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
 from .ingest.records import confined_outcomes
+from .ingest.writer import Overrides
 from .lineage_emitter import FlushReport, LineageEmitter
 from .lineage_query import lineage_of
 from .lineage_transport import WarehouseFilesTransport
@@ -53,7 +56,18 @@ from .retrieval.resident import resident_bytes
 from .retrieval.review import AccessReview, Readers, Vocabulary, access_review, inventory, readers, vocabulary
 from .retrieval.search import Searcher, SearchResult
 from .retrieval.serving import ServingStatus, store_artifact
-from .state import LINEAGE_EVENTS, AuditLog, DirectoryRow, DirectoryTable, Store
+from .state import (
+    LINEAGE_EVENTS,
+    AuditLog,
+    Backup,
+    Backups,
+    DirectoryRow,
+    DirectoryTable,
+    RestoreReport,
+    Store,
+    holds_warehouse,
+    restore_new,
+)
 
 PathLike = str | Path
 T = TypeVar("T")
@@ -70,10 +84,14 @@ class Warehouse:
     nothing is visible.
     """
 
-    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, *, embedder: Embedder | None = None, create: bool = True) -> None:
+        """Open the warehouse ``settings`` name, creating it if absent, unless ``create`` is False:
+        then a missing warehouse is a ``WarehouseError`` naming the path (what every command that
+        only reads uses, so a mistyped path is never an empty warehouse)."""
         self.settings = settings
         self.embedder = embedder or Embedder.from_settings(settings)
-        self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options)
+        self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options,
+                           create=create)  # fmt: skip
         self._check_embedding_model()
         self.audit = AuditLog(self.store.audit_table, key=settings.audit_key)
         self.openlineage = self._lineage_emitter()
@@ -173,6 +191,102 @@ class Warehouse:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def rights(self, *, caller: Caller) -> tuple[str, ...]:
+        """The operations the policy in force grants ``caller`` in its tenant (its token's groups
+        included), read from the policy alone: no row is read, no receipt written. For a client to
+        offer what it may do; each operation it then asks for is decided on its own."""
+        return tuple(str(operation) for operation in self._gate.rights(caller))
+
+    def receipts_pending(self) -> tuple[int, float]:
+        """How many of this process's audit receipts wait in the journal to be folded into the
+        audit table, and how many seconds the oldest has waited (``(0, 0.0)``: none). Read-only,
+        for monitoring: a count that keeps growing means folding fails or falls behind."""
+        return self.audit.pending()
+
+    def lineage_spooled(self) -> int:
+        """How many lineage events wait in the spool for the backend (``flush_lineage`` sends them).
+        Read-only, for monitoring: a count that keeps growing means the backend is unreachable."""
+        return len(self.openlineage.spool.pending())
+
+    # -- backup and restore (docs/operations.md) ----------------------------------
+
+    def backup(self, destination: str) -> Backup:
+        """Copy the warehouse to ``destination`` (an empty folder or S3 prefix): every table at one
+        version each, pinned while it is copied, the receipts still in the journal folded into the
+        copy of the audit log, and the lineage files (``state.backup``). Safe while other processes
+        serve and write. As the operator, receipted in every tenant (the receipt is not in the copy)."""
+        return self._gate.run(
+            Operation.ADMIN, None, Need.GRANT, lambda _: self._backups().take(destination),
+            lambda taken: {"reason": f"backed up the warehouse to {taken.uri}",
+                           "details": {"backup": taken.uri, "tables": {t.name: t.version for t in taken.tables}}},
+            touched=lambda _: self._every_tenant(),
+            neutral=True,
+        )  # fmt: skip
+
+    def restore(self, *, backup: str | None = None, at: datetime | None = None) -> RestoreReport:
+        """Bring the warehouse's rows and source records back to a backup (``backup``, its URI) or to
+        how they stood at ``at`` (a time with its zone), as new versions of ``chunks`` and ``sources``
+        (``state.backup``); then apply again every erasure receipted since that point (less
+        ``state.backup.ERASURE_SLACK``, for the writers' clocks), so a restore never brings an
+        erased item back. Who may read (policies, API keys, the directory) and what
+        was recorded (the audit log, erasure marks, lineage files) are left as they are. As the
+        operator, receipted in every tenant, each receipt naming the erasures applied there."""
+        if (backup is None) == (at is None):
+            raise InvalidRequestError("restore needs either a backup to restore or a time to restore to, not both")
+
+        def run(_: Permission) -> RestoreReport:
+            backups = self._backups()
+            report = backups.restore_backup(backups.read(backup)) if backup is not None else backups.restore_history(at)  # type: ignore[arg-type]
+            return replace(report, erasures=self._erase_again(report.since))
+
+        return self._gate.run(
+            Operation.ADMIN, None, Need.GRANT, run, self._restore_receipt,
+            touched=lambda report: {**self._every_tenant(), **_by_tenant(report.erasures)},
+            neutral=True,
+        )  # fmt: skip
+
+    @classmethod
+    def restore_backup(
+        cls, settings: Settings, backup: str, *, embedder: Embedder | None = None
+    ) -> tuple[Warehouse, RestoreReport]:
+        """Restore the backup at ``backup`` into the warehouse ``settings`` name: in place when one is
+        there (``restore``); into an empty location, every table as the backup holds it, version
+        numbers included, the audit log too (the backup's own, which verifies: receipts written after
+        the backup were in the lost warehouse). The restore is receipted in the restored log."""
+        if holds_warehouse(settings.warehouse, settings.storage_options):
+            warehouse = cls(settings, embedder=embedder, create=False)
+            return warehouse, warehouse.restore(backup=backup)
+        report = restore_new(settings.warehouse, settings.storage_options, backup)
+        warehouse = cls(settings, embedder=embedder, create=False)
+        warehouse._gate.run(Operation.ADMIN, None, Need.GRANT, lambda _: report, warehouse._restore_receipt,
+                            touched=lambda _: warehouse._every_tenant(), neutral=True)  # fmt: skip
+        return warehouse, report
+
+    @staticmethod
+    def _restore_receipt(report: RestoreReport) -> dict[str, Any]:
+        """What every tenant's receipt of a restore says: the point and each table's versions (the
+        same in every tenant); the erasures applied again go, as ids, to their own tenant's receipt."""
+        tables = {t.name: {"before": t.before, "point": t.point, "after": t.after, "how": t.how} for t in report.tables}
+        return {"reason": f"restored rows and source records to {report.point}", "details": {"restore": tables}}
+
+    def _backups(self) -> Backups:
+        return Backups(self.store.uri, storage_options=self.store.storage_options, registries=self.store.registries,
+                       maintenance=self.store.maintenance)  # fmt: skip
+
+    def _erase_again(self, since: datetime) -> tuple[tuple[str, str], ...]:
+        """Apply again, oldest first, every erasure the audit log receipted at or after ``since`` whose
+        item a restore brought back; returns (tenant, id) of each."""
+        erased = []
+        for receipt in sorted(self.audit.query(operation=str(Operation.FORGET), allowed=True, since=since),
+                              key=lambda r: r.time):  # fmt: skip
+            for item in receipt.doc_ids:
+                try:
+                    self._lifecycle.erasure(item, receipt.tenant, f"erasure {receipt.receipt_id} applied again after a restore")()
+                except NotFoundError:
+                    continue  # not brought back
+                erased.append((receipt.tenant, item))
+        return tuple(erased)
+
     def flush_lineage(self) -> FlushReport:
         """Send the lineage events that wait in the spool (what every run does first)."""
         return self.openlineage.flush()
@@ -219,6 +333,25 @@ class Warehouse:
         re-read when it changes, the last good one kept if the change does not load; with the
         memberships and deactivations an identity provider provisioned (``provisioned``)."""
         return self._provisioned.over(self._policy.current())
+
+    def document_count(self) -> int:
+        """How many source documents the warehouse holds, in every tenant."""
+        return self.store.sources.count()
+
+    def configuration_notes(self, tenant: str) -> tuple[str, ...]:
+        """What in this warehouse's configuration makes every search in ``tenant`` find nothing:
+        no policy in force, a tenant the policy never names, no documents at all. Facts about
+        the configuration, the same for every caller, never about rows: an empty answer a caller
+        gets for lack of rights is said by none of these."""
+        policy = self.policy
+        if policy is None:
+            return ("no policy is installed, so nothing is visible: install one with `ragwarden policy install FILE`",)
+        notes = []
+        if tenant not in tenants_of(policy.rules):
+            notes.append(f"the policy in force (version {policy.version}) names no tenant {tenant!r}: check --tenant")
+        if self.document_count() == 0:
+            notes.append(f"the warehouse at {self.uri} holds no documents yet: ingest some with `ragwarden ingest PATH`")
+        return tuple(notes)
 
     @property
     def policy_problem(self) -> str | None:
@@ -329,10 +462,16 @@ class Warehouse:
         tenant: str | None = None,
         progress: bool | None = False,
         engine: IngestEngineName = "local",
+        allow_move: bool = False,
+        restore_erased: bool = False,
     ) -> IngestReport:
         """Ingest files, folders and JSONL files (as the operator); returns a report of what was
         written and refused.
 
+        A file's id is its path relative to the folder named (a file named itself: its name),
+        unless its sidecar or the manifest gives one. An input whose id a document of another
+        source holds is refused, naming both, unless ``allow_move``; an erased document is
+        refused unless ``restore_erased``. Either override is recorded in the receipt.
         ``engine`` ``ray`` chunks and embeds on a Ray cluster (``ingest.ray_engine``); the result
         is the same as a local ingest's."""
         items = [paths] if isinstance(paths, str | Path) else list(paths)
@@ -349,7 +488,8 @@ class Warehouse:
             None,
             Need.GRANT,
             lambda _: self._run(outcomes, progress, sources, engine,
-                                total=lambda: count_inputs(items, manifest=Path(manifest) if manifest else None)),
+                                total=lambda: count_inputs(items, manifest=Path(manifest) if manifest else None),
+                                overrides=Overrides(allow_move=allow_move, restore_erased=restore_erased)),
             _ingested,
             touched=_written,
         )
@@ -364,8 +504,11 @@ class Warehouse:
         actor: str | None = None,
         caller: Caller | None = None,
         engine: IngestEngineName = "local",
+        allow_move: bool = False,
+        restore_erased: bool = False,
     ) -> IngestReport:
-        """Ingest records given as dicts in the JSONL format of DESIGN §6.
+        """Ingest records given as dicts in the JSONL format of DESIGN §6 (``allow_move`` and
+        ``restore_erased`` as for ``ingest``).
 
         A named caller needs ``ingest`` in its tenant; its records take that tenant when they
         name none, and a record naming another tenant is rejected (nothing written for it).
@@ -376,13 +519,14 @@ class Warehouse:
 
         def run(_: Permission) -> IngestReport:
             outcomes = confined_outcomes(records, tenant=who.tenant if who else None)
-            return self._run(outcomes, progress, sources, engine, total=lambda: len(records))
+            return self._run(outcomes, progress, sources, engine, total=lambda: len(records),
+                             overrides=Overrides(allow_move=allow_move, restore_erased=restore_erased))  # fmt: skip
 
         return self._gate.run(Operation.INGEST, who, Need.GRANT, run, _ingested, touched=_written)
 
     def _run(
         self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local",
-        total: Callable[[], int] | None = None,
+        total: Callable[[], int] | None = None, overrides: Overrides = Overrides(),
     ) -> IngestReport:
         if engine not in INGEST_ENGINES:
             raise InvalidRequestError(f"ingest engine {engine!r} is not one of {', '.join(INGEST_ENGINES)}")
@@ -398,6 +542,7 @@ class Warehouse:
                 engine=self._ray_engine() if engine == "ray" else None,
                 window_docs=self.settings.embed_window_docs,
                 total=total,
+                overrides=overrides,
             )
 
         def output(report: IngestReport) -> ChunksOutput:
@@ -850,15 +995,16 @@ class Warehouse:
 
 
 def open(  # noqa: A001 - the public name is fixed by the API
-    uri: str | None = None, policy: PathLike | None = None, *, settings: Settings | None = None
+    uri: str | None = None, policy: PathLike | None = None, *, settings: Settings | None = None, create: bool = True
 ) -> Warehouse:
-    """Open (creating if needed) the warehouse at ``uri`` (default: settings / ``RAGWARDEN_WAREHOUSE``)."""
+    """Open the warehouse at ``uri`` (default: settings / ``RAGWARDEN_WAREHOUSE``), creating it if
+    needed unless ``create`` is False (then a missing one is refused, naming the path)."""
     changes: dict[str, object] = {}
     if uri:
         changes["warehouse"] = str(uri)
     if policy:
         changes["policy"] = str(policy)
-    return Warehouse((settings or Settings.from_env()).with_(**changes))
+    return Warehouse((settings or Settings.from_env()).with_(**changes), create=create)
 
 
 def _by_tenant(keys: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -874,8 +1020,7 @@ def _written(report: IngestReport) -> dict[str, list[str]]:
 
 
 def _ingested(report: IngestReport) -> dict[str, Any]:
-    return {
-        "reason": report.summary(),
-        "doc_ids": report.written,
-        "details": {"run_id": report.run_id, "rejected": len(report.rejected), "chunks": report.chunks},
-    }
+    details: dict[str, Any] = {"run_id": report.run_id, "rejected": len(report.rejected), "chunks": report.chunks}
+    if report.overrides:  # what the operator allowed, and the erasures it undid, stay on the record
+        details |= {"overrides": list(report.overrides), "restored": [list(key) for key in report.restored]}
+    return {"reason": report.summary(), "doc_ids": report.written, "details": details}

@@ -14,16 +14,18 @@ import click
 from ..config import INGEST_ENGINES, Settings
 from ..governance.policy import Policy
 from ..ingest.lifecycle import DERIVED_KINDS
+from ..release import DISTRIBUTION
 from ..retrieval.collapse import GROUP_BYS
 from ..retrieval.narrowing import FILTER_DESCRIPTION
 from ..retrieval.search import MAX_K, MODES
 from ..warehouse import Warehouse
-from .cli_options import JsonObject
+from ..wording import plural
+from .cli_options import JsonObject, existing
 from .cli_options import common_options as _common_options
 
 
 @click.group()
-@click.version_option(package_name="ragwarden")
+@click.version_option(package_name=DISTRIBUTION)
 def main() -> None:
     """ragwarden: governed retrieval. Every chunk carries its source's ACL and labels, and
     every search is filtered inside the data layer by the policy."""
@@ -38,6 +40,9 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--engine", type=click.Choice(INGEST_ENGINES), default="local", show_default=True,
               help="Chunk and embed in this process, or on a Ray cluster (RAY_ADDRESS, else a local one).")  # fmt: skip
+@click.option("--allow-move", is_flag=True,
+              help="Let an id held by a document of another source move to this input, replacing that document.")  # fmt: skip
+@click.option("--restore-erased", is_flag=True, help="Ingest documents that were erased (forget) again; the receipt says so.")
 @_common_options
 def ingest(
     paths: tuple[str, ...],
@@ -47,17 +52,23 @@ def ingest(
     skip_invalid: bool,
     as_json: bool,
     engine: str,
+    allow_move: bool,
+    restore_erased: bool,
     settings: Settings,
 ) -> None:
     """Ingest JSONL records, files and folders (txt, md, rst, csv, json, html, pdf, docx, text with
     no extension) with their governance.
 
-    Unchanged documents are not rewritten; a changed one replaces its old chunks atomically.
+    A file's id is its path relative to the folder named (a file named alone: its name), unless
+    its sidecar or the manifest gives an id. Unchanged documents are not rewritten; a changed one
+    replaces its old chunks atomically. An input whose id a document of another source holds, and
+    an erased document, are rejected (naming why) unless --allow-move or --restore-erased.
     Any rejected input makes the exit status non-zero unless --skip-invalid is given.
     """
     warehouse = Warehouse(settings)
     report = warehouse.ingest(
-        list(paths), manifest=manifest, acl_from=acl_from, tenant=tenant, progress=None, engine=engine  # type: ignore[arg-type]
+        list(paths), manifest=manifest, acl_from=acl_from, tenant=tenant, progress=None, engine=engine,  # type: ignore[arg-type]
+        allow_move=allow_move, restore_erased=restore_erased,
     )
     if as_json:
         click.echo(
@@ -69,6 +80,7 @@ def ingest(
                     "chunks": report.chunks,
                     "skipped": [{"source": s.source, "reason": s.reason} for s in report.skipped],
                     "rejected": [{"source": r.source, "reason": r.reason} for r in report.rejected],
+                    "restored": [{"tenant": t, "id": d} for t, d in report.restored],
                     "seconds": round(report.seconds, 3),
                 },
                 indent=2,
@@ -101,10 +113,14 @@ def search(
     narrow: dict[str, Any] | None, as_json: bool, settings: Settings,
 ) -> None:  # fmt: skip
     """Search as SUBJECT in TENANT: the best k chunks that subject may read."""
-    hits = Warehouse(settings).search(
+    warehouse = existing(settings)
+    hits = warehouse.search(
         query, subject=subject, tenant=tenant, k=k, mode=mode, group_by=group_by, per_group=per_group, distinct=distinct,
         filter=narrow,
     )  # fmt: skip
+    if not hits:  # why, when the configuration says (never the rows: those a caller cannot read are not its business)
+        for note in warehouse.configuration_notes(tenant):
+            click.echo(f"note: {note}", err=True)
     if as_json:
         click.echo(json.dumps([hit.as_dict() for hit in hits], indent=2, ensure_ascii=False))
         return
@@ -129,7 +145,7 @@ def derive(
 ) -> None:
     """Save TEXT as a row derived from chunks: its tags come from its parents by the propagation
     rule, so it is visible only to whoever could read every parent."""
-    row = Warehouse(settings).derive(text, parents=list(parents), subject=subject, tenant=tenant, kind=kind)
+    row = existing(settings).derive(text, parents=list(parents), subject=subject, tenant=tenant, kind=kind)
     summary = {
         "chunk_id": row.chunk_id,
         "kind": row.kind,
@@ -147,10 +163,10 @@ def derive(
 def optimize(settings: Settings) -> None:
     """Build the tables' indexes, compact them, and store the serving index (the vectors and graph
     replicas load at start) when the table has a vector index and it fits RAGWARDEN_RESIDENT_INDEX_MB."""
-    done = Warehouse(settings).optimize()
+    done = existing(settings).optimize()
     served = done["serving_index"]
-    stored = f"serving index of {served['rows']} rows at version {served['version']} stored" if served else "no serving index stored"
-    click.echo(f"optimized {done['rows']} rows; vector index: {done['vector_index'] or 'none'}; {stored}")
+    stored = f"serving index of {plural(served['rows'], 'row')} at version {served['version']} stored" if served else "no serving index stored"
+    click.echo(f"optimized {plural(done['rows'], 'row')}; vector index: {done['vector_index'] or 'none'}; {stored}")
 
 
 @main.command()
@@ -159,8 +175,9 @@ def optimize(settings: Settings) -> None:
 def sync(file: str, settings: Settings) -> None:
     """Apply changed ACLs, labels or classifications from a JSONL FILE (records as for ingest; text
     is ignored) to the documents' chunks and every row derived from them, in one commit."""
-    report = Warehouse(settings).sync(Path(file))
-    click.echo(f"re-tagged {len(report.documents)} documents: {report.chunks} chunks, {report.derived} derived rows")
+    report = existing(settings).sync(Path(file))
+    click.echo(f"re-tagged {plural(len(report.documents), 'document')}: {plural(report.chunks, 'chunk')}, "
+               f"{plural(report.derived, 'derived row')}")
 
 
 @main.command()
@@ -172,9 +189,9 @@ def forget(doc_id: str, reason: str, tenant: str | None, settings: Settings) -> 
     """Erase document DOC_ID (or a derived row, a summary, note or agent memory, by its own id) and
     every row derived from it, then purge old table versions and index files so its text is in no
     file under the warehouse; the audit receipt is its tombstone."""
-    report = Warehouse(settings).forget(doc_id, reason=reason, tenant=tenant)
+    report = existing(settings).forget(doc_id, reason=reason, tenant=tenant)
     click.echo(
-        f"forgot {report.doc_id}: {report.chunks} chunks, {report.derived} derived rows; "
+        f"forgot {report.doc_id}: {plural(report.chunks, 'chunk')}, {plural(report.derived, 'derived row')}; "
         f"old versions purged: {sum(report.versions_purged.values())}"
     )
 
@@ -189,7 +206,7 @@ def forget(doc_id: str, reason: str, tenant: str | None, settings: Settings) -> 
 def explain(chunk_id: str, subject: str, tenant: str, caller: str | None, as_json: bool, settings: Settings) -> None:
     """Explain whether SUBJECT may read CHUNK_ID and why: tenant, the group path that matched, the
     rule that cleared each label, clearance against classification, any deny."""
-    result = Warehouse(settings).explain(chunk_id, subject=subject, tenant=tenant, caller=caller)
+    result = existing(settings).explain(chunk_id, subject=subject, tenant=tenant, caller=caller)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
@@ -207,7 +224,7 @@ def explain(chunk_id: str, subject: str, tenant: str, caller: str | None, as_jso
 @_common_options
 def access_review_command(subject: str, tenant: str, caller: str | None, as_json: bool, settings: Settings) -> None:
     """What SUBJECT can read in TENANT, counted by source, label and classification."""
-    review = Warehouse(settings).access_review(subject=subject, tenant=tenant, caller=caller)
+    review = existing(settings).access_review(subject=subject, tenant=tenant, caller=caller)
     if as_json:
         click.echo(json.dumps(review.as_dict(), indent=2))
         return
@@ -229,12 +246,12 @@ def access_review_command(subject: str, tenant: str, caller: str | None, as_json
 @_common_options
 def inventory(label: str, tenant: str, caller: str, as_json: bool, settings: Settings) -> None:
     """Every row (chunk or derived) carrying LABEL in TENANT, grouped by the source it comes from."""
-    found = Warehouse(settings).inventory(label=label, tenant=tenant, caller=caller)
+    found = existing(settings).inventory(label=label, tenant=tenant, caller=caller)
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
     for source, ids in found.items():
-        click.echo(f"{source}: {len(ids)} rows")
+        click.echo(f"{source}: {plural(len(ids), 'row')}")
     if not found:
         click.echo(f"no row carries {label!r} in {tenant}")
 
@@ -262,11 +279,10 @@ def audit_verify(expect_head: str | tuple[int, str] | None, settings: Settings) 
     """Check every receipt chain: any edited, deleted, inserted or reordered receipt is reported
     (exit 1). A cut-off tail is visible only against a checkpoint taken before: keep the printed
     checkpoint and pass it back with --expect-head."""
-    report = Warehouse(settings).verify_audit(caller=None, expect_head=expect_head)
+    report = existing(settings).verify_audit(caller=None, expect_head=expect_head)
     for problem in report.problems:
         click.echo(problem, err=True)
-    chains = f"{report.chains} chain{'' if report.chains == 1 else 's'}"
-    verdict = f"{report.receipts} receipts in {chains}, {'intact' if report.ok else 'TAMPERED'}"
+    verdict = f"{plural(report.receipts, 'receipt')} in {plural(report.chains, 'chain')}, {'intact' if report.ok else 'TAMPERED'}"
     click.echo(f"{verdict}; checkpoint {report.checkpoint.root}" if report.checkpoint else verdict)
     if not report.ok:
         sys.exit(1)
@@ -295,7 +311,7 @@ def audit_query(
 ) -> None:
     """Find receipts by chunk, document, subject, label and time range; prints JSON lines."""
     utc = {k: v.replace(tzinfo=timezone.utc) for k, v in {"since": since, "until": until}.items() if v}
-    receipts = Warehouse(settings).receipts(
+    receipts = existing(settings).receipts(
         caller=None, chunk_id=chunk_id, doc_id=doc_id, subject=subject, label=label, tenant=tenant, limit=limit, **utc
     )
     for receipt in receipts:
@@ -332,7 +348,7 @@ def lineage() -> None:
 def lineage_show(item_id: str, tenant: str | None, settings: Settings) -> None:
     """Show ITEM_ID's lineage (a document or row id): source -> chunks -> derived rows -> the
     receipts that returned them, as JSON. `ragwarden lineage ID` is the same."""
-    click.echo(json.dumps(Warehouse(settings).lineage(item_id, tenant=tenant), indent=2, ensure_ascii=False))
+    click.echo(json.dumps(existing(settings).lineage(item_id, tenant=tenant), indent=2, ensure_ascii=False))
 
 
 @lineage.command("flush")
@@ -340,7 +356,7 @@ def lineage_show(item_id: str, tenant: str | None, settings: Settings) -> None:
 def lineage_flush(settings: Settings) -> None:
     """Send the OpenLineage events spooled while the lineage backend was down, oldest first
     (each run also does this as it starts). Exit 1 if some are still pending."""
-    report = Warehouse(settings).flush_lineage()
+    report = existing(settings).flush_lineage()
     click.echo(f"sent {report.sent}, set aside {report.rejected}, still pending {report.pending}")
     if report.pending:
         sys.exit(1)
@@ -397,6 +413,16 @@ def policy_install(file: str, settings: Settings) -> None:
 
 
 @main.command()
+@_common_options
+def init(settings: Settings) -> None:
+    """Create an empty warehouse at --warehouse (or say that one is there): with ingest and policy
+    install, the only commands that create one; every other command refuses a missing warehouse."""
+    warehouse = Warehouse(settings)
+    documents = warehouse.document_count()
+    click.echo(f"warehouse ready at {settings.warehouse} ({plural(documents, 'document')})")
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @_common_options
 def demo(as_json: bool, settings: Settings) -> None:
@@ -409,4 +435,9 @@ def demo(as_json: bool, settings: Settings) -> None:
 from .cli_service import apikey, mcp, serve, token  # noqa: E402 - they register on main, defined above
 
 for _command in (serve, mcp, token, apikey):
+    main.add_command(_command)
+
+from .cli_backup import backup, restore  # noqa: E402 - they register on main, defined above
+
+for _command in (backup, restore):
     main.add_command(_command)

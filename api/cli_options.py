@@ -11,6 +11,7 @@ import click
 
 from ..config import Settings
 from ..errors import RagwardenError
+from ..warehouse import Warehouse
 
 
 def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -36,6 +37,12 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
             raise click.ClickException(str(exc)) from exc
 
     return wrapper
+
+
+def existing(settings: Settings) -> Warehouse:
+    """The warehouse ``settings`` name, refused (naming the path) if it is not there: what every
+    command but ingest, policy install and init opens, so a mistyped path never reads as empty."""
+    return Warehouse(settings, create=False)
 
 
 class JsonObject(click.ParamType):

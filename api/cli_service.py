@@ -12,6 +12,7 @@ import click
 from ..api_keys import ApiKeys, api_keys_at
 from ..config import Settings
 from ..errors import ConfigurationError
+from ..warehouse import Warehouse
 from .balance import create_loads_file, worker_loads
 from .cli_options import common_options
 
@@ -42,7 +43,7 @@ def serve(host: str, port: int, no_mcp: bool, workers: int, settings: Settings) 
                                "access_log": False, "log_config": log_config}  # fmt: skip
     if workers == 1:
         _one_blas_thread_per_call()
-        app = create_app(settings, with_mcp=not no_mcp)
+        app = create_app(settings, warehouse=Warehouse(settings, create=False), with_mcp=not no_mcp)
         _freeze_startup_objects()
         uvicorn.run(app, **options)
         return
@@ -70,7 +71,9 @@ def app_from_env() -> Any:
 
     _one_blas_thread_per_call()
     peers = worker_loads(os.environ.get(SERVE_LOADS))
-    app = create_app(Settings.from_env(), with_mcp=os.environ.get(SERVE_MCP, "1") != "0", peers=peers)
+    settings = Settings.from_env()
+    app = create_app(settings, warehouse=Warehouse(settings, create=False), with_mcp=os.environ.get(SERVE_MCP, "1") != "0",
+                     peers=peers)  # fmt: skip
     _freeze_startup_objects()
     return app
 
@@ -135,7 +138,7 @@ def apikey() -> None:
 
 
 def _keys(settings: Settings) -> ApiKeys:
-    return api_keys_at(settings.warehouse, settings.storage_options)
+    return api_keys_at(settings.warehouse, settings.storage_options, create=False)
 
 
 @apikey.command("create")

@@ -63,6 +63,7 @@ from .http_models import (
     VocabularyModel,
 )
 from .limits import CLIENT_GONE, BodyLimit
+from .metrics import METRICS_PATH, install_metrics, keeps_stage_times
 from .scim import mount_scim
 
 MCP_PATH = "/mcp"
@@ -148,7 +149,7 @@ def create_app(
     if with_mcp:
         from .mcp_server import build_mcp_server
 
-        mcp_server = build_mcp_server(warehouse, authenticator, streamable_path="/")
+        mcp_server = build_mcp_server(warehouse, authenticator, streamable_path="/", allowed_hosts=settings.allowed_hosts)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -173,9 +174,11 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(
-        Admission, max_in_flight=settings.max_in_flight, max_queued=settings.max_queued, exempt=("/healthz", "/readyz"),
-        streams=(MCP_PATH,), peers=peers, caller_of=caller_names, server_timing=settings.server_timing,
+        Admission, max_in_flight=settings.max_in_flight, max_queued=settings.max_queued,
+        exempt=("/healthz", "/readyz", METRICS_PATH), streams=(MCP_PATH,), peers=peers, caller_of=caller_names,
+        server_timing=keeps_stage_times(settings),
     )
+    install_metrics(app, warehouse, settings)  # around admission, whose stage times it reads
     app.state.warehouse = warehouse
     app.state.authenticator = authenticator
     app.state.caller_names = caller_names
@@ -201,8 +204,9 @@ def create_app(
 
     @app.get("/v1/whoami", response_model=IdentityModel, tags=["identity"])
     def whoami(identity: Verified) -> IdentityModel:
-        """Who the credential says the caller is."""
-        return IdentityModel(**identity.as_dict())
+        """Who the credential says the caller is, and what the policy in force grants it (read
+        from the policy alone: no row is read and no receipt written)."""
+        return IdentityModel(**identity.as_dict(), rights=list(warehouse.rights(caller=identity)))
 
     @app.post("/v1/search", response_model=SearchResponse, tags=["retrieval"])
     async def search(body: SearchRequest, identity: VerifiedOnLoop, request: Request) -> Response:
@@ -255,7 +259,8 @@ def create_app(
     @app.post("/v1/ingest", response_model=IngestResponse, tags=["lifecycle"])
     def ingest(body: IngestRequest, identity: Verified) -> IngestResponse:
         """Ingest source records into the caller's tenant (needs ``ingest``)."""
-        report = warehouse.ingest_records(body.records, caller=identity)
+        report = warehouse.ingest_records(body.records, caller=identity, allow_move=body.allow_move,
+                                          restore_erased=body.restore_erased)  # fmt: skip
         return IngestResponse.of(report, warehouse.table_version)
 
     @app.post("/v1/derive", response_model=DerivedModel, tags=["lifecycle"])

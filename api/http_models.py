@@ -59,13 +59,18 @@ class DeriveRequest(Request):
     kind: DerivedKind = "summary"
 
 
-class IngestRequest(Request):
+class RecordsRequest(Request):
     records: list[dict[str, Any]] = Field(
         min_length=1, max_length=MAX_RECORDS, description="Source records in the JSONL shape of DESIGN §6."
     )
 
 
-class SyncRequest(IngestRequest):
+class IngestRequest(RecordsRequest):
+    allow_move: bool = Field(False, description="Let an id another source's document holds move to this record.")
+    restore_erased: bool = Field(False, description="Ingest erased documents again (the receipt says so).")
+
+
+class SyncRequest(RecordsRequest):
     pass
 
 
@@ -124,6 +129,11 @@ class IdentityModel(BaseModel):
     actor: str | None
     method: str
     groups: list[str] = Field(default_factory=list, description="groups the token's groups claim named")
+    rights: list[str] = Field(
+        default_factory=list,
+        description="operations the policy in force grants the caller in its tenant (its token's groups included); "
+        "reading them leaves no receipt, and each operation is still decided when called",
+    )
 
 
 class RefusalModel(BaseModel):
@@ -139,6 +149,7 @@ class IngestResponse(BaseModel):
     chunks: int
     skipped: list[RefusalModel]
     rejected: list[RefusalModel]
+    restored: list[str]
     table_version: int
 
     @classmethod
@@ -151,6 +162,7 @@ class IngestResponse(BaseModel):
             chunks=report.chunks,
             skipped=[RefusalModel(source=s.source, reason=s.reason) for s in report.skipped],
             rejected=[RefusalModel(source=r.source, reason=r.reason) for r in report.rejected],
+            restored=[doc_id for _, doc_id in report.restored],
             table_version=table_version,
         )
 

@@ -17,7 +17,6 @@ a handle is worthless in anyone else's hands, and they expire when idle.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import re
 import secrets
@@ -45,6 +44,7 @@ from ..credentials import Authenticator
 from ..errors import AuthenticationError, ConfigurationError, RagwardenError
 from ..governance.caller import Identity
 from ..ingest.lifecycle import MAX_DERIVED_CHARS
+from ..release import version
 from ..retrieval.collapse import GroupBy
 from ..retrieval.hits import Hit
 from ..retrieval.manifest import ContextManifest
@@ -71,6 +71,17 @@ LOOPBACK = TransportSecuritySettings(
     allowed_hosts=["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"],
     allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
 )
+
+
+def transport_security(allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """Loopback, and the public names of a service behind a proxy (``Settings.allowed_hosts``:
+    ``rag.example.com``, ``rag.example.com:*``): each admitted as a ``Host``, and as the ``Origin``
+    of a page served from it over HTTPS or HTTP. Every other ``Host`` is still answered 421 and
+    every other ``Origin`` 403, so a page whose name was rebound to this server reaches no tool."""
+    hosts = list(dict.fromkeys(allowed_hosts))
+    origins = [f"{scheme}://{host}" for host in hosts for scheme in ("https", "http")]
+    return LOOPBACK.model_copy(update={"allowed_hosts": [*LOOPBACK.allowed_hosts, *hosts],
+                                       "allowed_origins": [*LOOPBACK.allowed_origins, *origins]})  # fmt: skip
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -220,10 +231,7 @@ class RagwardenMCP(MCPServer):
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("ragwarden")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout without installing
-        return "0"
+    return version(unknown="0")  # "0": run from a checkout without installing
 
 
 def _auth_settings(authenticator: Authenticator) -> AuthSettings:
@@ -242,7 +250,7 @@ def build_mcp_server(
     identity: Identity | None = None,
     credential: str | None = None,
     streamable_path: str = "/",
-    transport_security: TransportSecuritySettings | None = None,
+    allowed_hosts: Sequence[str] = (),
     unions: SessionUnions | None = None,
 ) -> RagwardenMCP:
     """The MCP tools over ``warehouse``.
@@ -251,7 +259,8 @@ def build_mcp_server(
     from, is verified again before each call, so an expired token or a revoked API key stops the
     server rather than outliving it. Without, each HTTP request's bearer credential decides, and a
     request without a valid one never reaches a tool. ``streamable_path`` is the path inside the
-    app that ``streamable_http_app()`` returns (``create_app`` mounts that app at ``/mcp``).
+    app that ``streamable_http_app()`` returns (``create_app`` mounts that app at ``/mcp``);
+    ``allowed_hosts`` the public names it answers to besides loopback (``transport_security``).
     """
     fixed = identity is not None
     server = RagwardenMCP(
@@ -265,7 +274,7 @@ def build_mcp_server(
         token_verifier=None if fixed else CredentialVerifier(authenticator),
         auth=None if fixed else _auth_settings(authenticator),
         streamable_path=streamable_path,
-        transport_security=transport_security or LOOPBACK,
+        transport_security=transport_security(allowed_hosts),
         log_level="WARNING",  # the SDK configures the root logger; at INFO the policy engine floods it
     )
     sessions = unions or SessionUnions()
@@ -387,8 +396,8 @@ def run_stdio(settings: Settings) -> None:
             "set RAGWARDEN_TOKEN to the token or API key of the user this MCP server acts for; "
             "over stdio it serves no one without it"
         )
-    _verified(Authenticator(settings.auth, api_keys_at(settings.warehouse, settings.storage_options)), credential)
-    warehouse = Warehouse(settings)
+    _verified(Authenticator(settings.auth, api_keys_at(settings.warehouse, settings.storage_options, create=False)), credential)
+    warehouse = Warehouse(settings, create=False)
     authenticator = warehouse.authenticator()
     identity = _verified(authenticator, credential)
     build_mcp_server(warehouse, authenticator, identity=identity, credential=credential).run("stdio")
@@ -410,4 +419,5 @@ __all__ = [
     "SessionUnions",
     "build_mcp_server",
     "run_stdio",
+    "transport_security",
 ]

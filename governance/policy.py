@@ -165,13 +165,14 @@ def _fields(line: str) -> list[str]:
 
 @_collector_paused()
 def parse_rules(text: str, source: str = "<policy>", *, check_graph: bool = True) -> list[Rule]:
-    """Parse and validate policy text; raise InvalidPolicyError naming the first bad line.
+    """Parse and validate policy text; raise InvalidPolicyError naming every bad line at once.
 
     ``check_graph=False`` validates each line only (linear, and no more than a caller needs to
     learn the tenants the policy names, ``tenants_of``); the role graph is checked whenever a
     ``Policy`` is built from the rules, so skipping it here never lets a cycle into force.
     """
     rules: list[Rule] = []
+    problems: list[tuple[int, str]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = _strip_comment(raw.strip())
         if not line:
@@ -179,11 +180,16 @@ def parse_rules(text: str, source: str = "<policy>", *, check_graph: bool = True
         try:
             fields = _fields(line)
         except csv.Error as exc:
-            raise InvalidPolicyError(source, number, f"not valid CSV ({exc})") from None
+            problems.append((number, f"not valid CSV ({exc})"))
+            continue
         problem = _rule_problem(fields[0], fields[1:])
         if problem:
-            raise InvalidPolicyError(source, number, problem)
+            problems.append((number, problem))
+            continue
         rules.append(Rule(ptype=fields[0], values=tuple(_canonical(fields[1:])), line=number))
+    if problems:
+        (line, reason), *more = problems
+        raise InvalidPolicyError(source, line, reason, more=tuple(more))
     if check_graph:
         _check_role_graph(rules, source)
     return rules

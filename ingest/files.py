@@ -11,6 +11,7 @@ Every file yields exactly one outcome: a ``SourceRecord``, ``Skipped`` or ``Reje
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import warnings
@@ -27,6 +28,10 @@ from pypdf import PdfReader
 from ..errors import InvalidSourceError, InvalidValueError
 from .posix_access import posix_readers
 from .records import Outcome, Rejected, Skipped, build_record, read_jsonl
+
+# pypdf logs what it finds wrong in a file ("EOF marker not found") as well as raising: the
+# rejection already says why, so its log lines go nowhere unless an application routes them.
+logging.getLogger("pypdf").addHandler(logging.NullHandler())
 
 MEDIA_TYPES = {
     ".txt": "text/plain",
@@ -319,7 +324,8 @@ class _Loader:
         try:
             size = path.stat().st_size
             if size > self.max_bytes:
-                raise InvalidSourceError(origin, f"file is {size} bytes, over the cap of {self.max_bytes} bytes")
+                raise InvalidSourceError(origin, f"file is {size} bytes, over the cap of {self.max_bytes} bytes "
+                                                 "(RAGWARDEN_MAX_FILE_BYTES raises it)")  # fmt: skip
             fields = self.governance(path, origin)
             return build_record(
                 doc_id=relative if fields.get("id") is None else fields["id"],
@@ -351,7 +357,8 @@ class _Loader:
             fields = {}
         else:
             where = f"no rule of {self.manifest.path} matches it" if self.manifest else "no manifest"
-            raise InvalidSourceError(origin, f"no governance: no sidecar {sidecar.name} and {where}")
+            raise InvalidSourceError(origin, f"no governance: no sidecar {sidecar.name} and {where} "
+                                             "(or take the ACL from the file's permissions: --acl-from posix)")  # fmt: skip
         if self.posix:
             fields["acl"] = posix_readers(path, origin=origin)  # typed: parse_tags takes it as it is
             if fields.get("classification") is None:

@@ -239,9 +239,13 @@ class Lifecycle:
 
     def forget(self, doc_id: str, *, tenant: str, reason: str) -> ForgetReport:
         """Erase a source of ``tenant`` and everything derived from it, then purge old versions
-        and index files."""
-        if not self.doors.chunks.chunk_ids_of(doc_id, tenant) and not self.doors.sources.states([(tenant, doc_id)]):
+        and index files. Its tombstone stays: ingest refuses it from then on unless asked to
+        restore it."""
+        state = self.doors.sources.states([(tenant, doc_id)]).get((tenant, doc_id))
+        if state is None and not self.doors.chunks.chunk_ids_of(doc_id, tenant):
             raise NotFoundError(f"document {doc_id!r} not found")
+        # The tombstone first: an erasure cut short still keeps a later ingest from bringing it back.
+        self.doors.erasures.record((tenant, doc_id), source_uri=state.uri if state is not None else None)
 
         def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[list[str], list[str]]]:
             chunk_ids = snapshot.chunk_ids_of_documents([(tenant, doc_id)])

@@ -17,9 +17,10 @@ from tqdm import tqdm
 from ..embedder import Embedder
 from ..governance.tags import GovernanceTags
 from ..state import WriteDoors
+from ..wording import plural
 from .files import RECORD_SUFFIXES, distinct_inputs, iter_file_sources, walk_documents
 from .records import Outcome, Rejected, Skipped, SourceRecord, open_jsonl, read_jsonl
-from .writer import BatchResult, DocumentWriter
+from .writer import BatchResult, DocumentWriter, Overrides
 
 
 class IngestEngine(Protocol):
@@ -48,6 +49,8 @@ class IngestReport:
     skipped: tuple[Skipped, ...]
     rejected: tuple[Rejected, ...]
     seconds: float
+    restored: tuple[tuple[str, str], ...] = ()  # (tenant, doc id) of each erased document ingested again
+    overrides: tuple[str, ...] = ()  # what the operator allowed that ingest refuses by default
 
     @property
     def written(self) -> tuple[str, ...]:
@@ -65,8 +68,10 @@ class IngestReport:
 
     def summary(self) -> str:
         return (
-            f"{self.documents} documents written, {self.unchanged} unchanged, {self.chunks} chunks, "
-            f"{len(self.skipped)} skipped, {len(self.rejected)} rejected in {self.seconds:.1f} s"
+            f"{plural(self.documents, 'document')} written, {self.unchanged} unchanged, {plural(self.chunks, 'chunk')}, "
+            f"{len(self.skipped)} skipped, {len(self.rejected)} rejected"
+            + (f", {len(self.restored)} restored after erasure" if self.restored else "")
+            + f" in {self.seconds:.1f} s"
         )
 
 
@@ -230,6 +235,7 @@ def run_ingest(
     engine: IngestEngine | None = None,
     window_docs: int = EMBED_WINDOW_DOCS,
     total: Callable[[], int] | None = None,
+    overrides: Overrides = Overrides(),
 ) -> IngestReport:
     """Write every valid record, batch by batch; each batch is one commit.
 
@@ -238,15 +244,17 @@ def run_ingest(
     ``engine`` chunks and embeds elsewhere (``ray_engine.RayEngine``); by default, in this process.
     With ``progress`` (by default, on a terminal) a bar counts inputs against ``total()`` (asked
     only then), with chunks and documents a second and the time left, moving as chunks are
-    embedded (``IngestProgress``).
+    embedded (``IngestProgress``). A record whose id another source holds, or an erased one, is
+    rejected unless ``overrides`` allows it.
     """
     started = time.perf_counter()
     run_id = str(uuid.uuid4())
-    writer = DocumentWriter(doors, embedder, overlap=overlap, run_id=run_id)
+    writer = DocumentWriter(doors, embedder, overlap=overlap, run_id=run_id, overrides=overrides)
     skipped: list[Skipped] = []
     rejected: list[Rejected] = []
     written: list[tuple[str, str]] = []
     written_tags: list[GovernanceTags] = []
+    restored: list[tuple[str, str]] = []
     unchanged = chunks = 0
     batch: list[SourceRecord] = []
     window: list[list[SourceRecord]] = []
@@ -270,6 +278,8 @@ def run_ingest(
             written.extend(result.written)
             tags_of = {record.key: record.tags for record in records}
             written_tags.extend(tags_of[key] for key in result.written)
+            rejected.extend(result.refused)
+            restored.extend(result.restored)
             unchanged += len(result.unchanged)
             chunks += result.chunks
             bar.committed(len(records), result.chunks)
@@ -295,6 +305,8 @@ def run_ingest(
         run_id=run_id,
         written_documents=tuple(written),
         written_tags=tuple(written_tags),
+        restored=tuple(restored),
+        overrides=tuple(overrides.asked()),
         unchanged=unchanged,
         chunks=chunks,
         skipped=tuple(skipped),

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..embedder import Embedder
-from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, WriteDoors, is_missing_file
+from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Erasure, SourceState, WriteDoors, is_missing_file
 from .chunking import Chunk, chunk_text
 from .lifecycle import rederive
-from .records import SourceRecord, document_version
+from .records import Rejected, SourceRecord, document_version
 
 
 def chunk_document(
@@ -56,10 +56,26 @@ def chunk_id(tenant: str, doc_id: str, doc_version: str, position: int, text: st
 
 
 @dataclass(frozen=True, kw_only=True)
+class Overrides:
+    """What ingest refuses unless the operator asks for it, each said in the ingest's receipt."""
+
+    allow_move: bool = False
+    """An id may move to another source, replacing the document (content and permissions) it held."""
+    restore_erased: bool = False
+    """An erased document may be ingested again; its tombstone is lifted."""
+
+    def asked(self) -> list[str]:
+        """The overrides asked for, by name (for the receipt)."""
+        return [name for name, on in (("allow_move", self.allow_move), ("restore_erased", self.restore_erased)) if on]
+
+
+@dataclass(frozen=True, kw_only=True)
 class BatchResult:
     written: list[DocumentKey]
     unchanged: list[str]
     chunks: int
+    refused: list[Rejected] = field(default_factory=list)
+    restored: list[DocumentKey] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -69,6 +85,8 @@ class BatchPlan:
     changed: list[SourceRecord]
     unchanged: list[str]
     existing: set[DocumentKey]
+    refused: list[Rejected] = field(default_factory=list)
+    restoring: list[DocumentKey] = field(default_factory=list)
     chunked: list[tuple[SourceRecord, list[tuple[Chunk, str]]]] = field(default_factory=list)
     vectors: dict[str, list[float]] = field(default_factory=dict)
     to_embed: dict[str, str] = field(default_factory=dict)
@@ -77,11 +95,14 @@ class BatchPlan:
 class DocumentWriter:
     """Writes batches of validated source records into one warehouse."""
 
-    def __init__(self, doors: WriteDoors, embedder: Embedder, *, overlap: int, run_id: str) -> None:
+    def __init__(
+        self, doors: WriteDoors, embedder: Embedder, *, overlap: int, run_id: str, overrides: Overrides = Overrides()
+    ) -> None:
         self.doors = doors
         self.embedder = embedder
         self.overlap = overlap
         self.run_id = run_id
+        self.overrides = overrides
 
     def write(self, records: Sequence[SourceRecord]) -> BatchResult:
         """Write one batch in one commit."""
@@ -132,14 +153,21 @@ class DocumentWriter:
         return plan
 
     def decide(self, records: Sequence[SourceRecord]) -> BatchPlan:
-        """Which records of one batch changed (and will be written) and which are unchanged."""
+        """Which records of one batch changed (and will be written), which are unchanged, and
+        which are refused (an id held by another source, an erased document)."""
         states = self.doors.sources.states(r.key for r in records)
+        erased = self.doors.erasures.of(r.key for r in records)
         brought = {r.key: whole_document(r)[0][1] for r in records if r.vector is not None}  # its one chunk id
         stored = self.doors.chunks.vectors_of(brought.values()) if brought else {}
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
+        refused: list[Rejected] = []
         for record in records:
             state = states.get(record.key)
+            refusal = self._refusal(record, state, erased.get(record.key))
+            if refusal is not None:
+                refused.append(Rejected(source=record.origin, reason=refusal))
+                continue
             same_vector = record.vector is None or _same_vector(stored.get(brought[record.key]), record.vector)
             if state is not None and same_vector and (state.doc_version, state.tags_fingerprint, state.uri, state.metadata) == (
                 record.version,
@@ -151,7 +179,20 @@ class DocumentWriter:
             else:
                 changed.append(record)
         existing = {r.key for r in changed if r.key in states}
-        return BatchPlan(changed=changed, unchanged=unchanged, existing=existing)
+        restoring = [r.key for r in changed if r.key in erased]
+        return BatchPlan(changed=changed, unchanged=unchanged, existing=existing, refused=refused, restoring=restoring)
+
+    def _refusal(self, record: SourceRecord, state: SourceState | None, erasure: Erasure | None) -> str | None:
+        """Why ``record`` may not be written without an override, or None."""
+        if erasure is not None and not self.overrides.restore_erased:
+            return (f"{record.doc_id!r} of tenant {record.tags.tenant!r} was erased on {erasure.erased_at:%Y-%m-%d %H:%M} UTC "
+                    f"(it came from {erasure.source_uri}); an erasure holds: pass --restore-erased "
+                    "(restore_erased=True) to ingest it again, which the receipt records")  # fmt: skip
+        if state is not None and state.uri is not None and state.uri != record.uri and not self.overrides.allow_move:
+            return (f"id {record.doc_id!r} of tenant {record.tags.tenant!r} already holds {state.uri}; writing {record.uri} "
+                    "would replace that document, content and permissions. Give one of them another id (an 'id' in "
+                    "its sidecar or manifest), or pass --allow-move (allow_move=True) to replace it")  # fmt: skip
+        return None
 
     def commit_embedded(
         self, plan: BatchPlan, chunked: Sequence[Sequence[tuple[Chunk, str]]], vectors: dict[str, list[float]]
@@ -165,7 +206,7 @@ class DocumentWriter:
     def _commit(self, plan: BatchPlan, fresh: dict[str, list[float]]) -> BatchResult:
         """Write one planned batch, with the vectors embedded for it, in one commit."""
         if not plan.changed:
-            return BatchResult(written=[], unchanged=plan.unchanged, chunks=0)
+            return BatchResult(written=[], unchanged=plan.unchanged, chunks=0, refused=plan.refused)
         vectors = plan.vectors | {cid: fresh[cid] for cid in plan.to_embed}
         now = datetime.now(timezone.utc)
         chunk_rows = [
@@ -191,7 +232,9 @@ class DocumentWriter:
         if version > planned + 1:  # other commits landed between this plan and its commit
             self._drop_strays(keys, new_rows.keys(), version)
         self.doors.sources.record(source_rows, chunks_version=version)
-        return BatchResult(written=keys, unchanged=plan.unchanged, chunks=len(chunk_rows))
+        self.doors.erasures.lift(plan.restoring)
+        return BatchResult(written=keys, unchanged=plan.unchanged, chunks=len(chunk_rows), refused=plan.refused,
+                           restored=plan.restoring)  # fmt: skip
 
     def _drop_strays(self, keys: Sequence[DocumentKey], written: Collection[str], version: int) -> None:
         """Delete the chunks of ``keys`` that another ingest committed between this one's plan and

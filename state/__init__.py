@@ -2,7 +2,7 @@
 
 ``Store`` opens the warehouse, checks its format and pins one freshness check per request; each
 table is reached through its door (``Store.chunks``, ``.sources``, ``.registries``, ``.policies``,
-``.maintenance``, the audit log's, API keys', directory's and lineage spool's tables). Schemas,
+``.maintenance``, ``.erasures``, the audit log's, API keys', directory's and lineage spool's tables). Schemas,
 indexes, commit retries, version pruning and damage checks live here, and so does the one place
 a Lance failure becomes a ``WarehouseError``. What leaves is rows, counts and versions, never a
 Lance table, and nothing outside ``state`` imports its modules but through this one.
@@ -13,9 +13,11 @@ from __future__ import annotations
 from .api_keys import ApiKeyRow, ApiKeysTable
 from .audit_log import AuditLog
 from .audit_table import AuditTable
+from .backup import Backup, Backups, RestoreReport, TableCopy, TableRestore, holds_warehouse, read_backup, restore_new
 from .chunks import IN_LIST_MAX_IDS, ChunkReads, Chunks
 from .commit_retry import is_missing_file, retrying_conflicts
 from .directory import DirectoryRow, DirectorySnapshot, DirectoryTable
+from .erasures import Erasure, Erasures
 from .files import LINEAGE_EVENTS, RESIDENT_INDEX, WarehouseFiles
 from .indexing import VECTOR_INDEX_MIN_ROWS, IndexReport, vector_index_partitions
 from .lineage_spool import FolderSpool, LineageSpool, TableSpool, sortable_now
@@ -40,6 +42,8 @@ __all__ = [
     "ApiKeysTable",
     "AuditLog",
     "AuditTable",
+    "Backup",
+    "Backups",
     "ChunkReads",
     "ChunkWrite",
     "Chunks",
@@ -48,6 +52,8 @@ __all__ = [
     "DirectorySnapshot",
     "DirectoryTable",
     "DocumentKey",
+    "Erasure",
+    "Erasures",
     "FolderSpool",
     "IndexReport",
     "InstalledPolicy",
@@ -58,15 +64,21 @@ __all__ = [
     "Registries",
     "RegistryReads",
     "RegistryTables",
+    "RestoreReport",
     "SourceState",
     "Sources",
     "Store",
+    "TableCopy",
+    "TableRestore",
     "TableSpool",
     "WarehouseFiles",
     "WriteDoors",
     "chunks_schema",
+    "holds_warehouse",
     "is_missing_file",
     "operation_named",
+    "read_backup",
+    "restore_new",
     "retrying_conflicts",
     "row_metadata",
     "sortable_now",

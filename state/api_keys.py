@@ -52,9 +52,10 @@ class ApiKeysTable:
         self._table = open_table(db, API_KEYS, API_KEYS_SCHEMA)
 
     @classmethod
-    def at(cls, uri: str, storage_options: Mapping[str, str] | None = None) -> ApiKeysTable:
-        """The keys' table of the warehouse at ``uri``, without opening the rest of it."""
-        return cls(connect(uri, storage_options))
+    def at(cls, uri: str, storage_options: Mapping[str, str] | None = None, *, create: bool = True) -> ApiKeysTable:
+        """The keys' table of the warehouse at ``uri``, without opening the rest of it (a missing
+        warehouse is created, or with ``create`` False refused)."""
+        return cls(connect(uri, storage_options, create=create))
 
     def damaged_files(self) -> list[str]:
         return damaged_files(local_path(self.uri), {API_KEYS: self._table})

@@ -256,6 +256,11 @@ class AuditLog:
         # Not a daemon: a process that exits meanwhile waits for the step rather than abort inside Lance.
         threading.Thread(target=run, name=f"audit-{what}", daemon=False).start()
 
+    def pending(self) -> tuple[int, float]:
+        """How many of this writer's receipts wait in the journal to be folded into the table, and
+        how many seconds the oldest has waited (for metrics)."""
+        return self._table.pending()
+
     def count(self) -> int:
         """How many receipts the log holds, in all chains."""
         return self._table.count()

@@ -17,6 +17,7 @@ AUDIT = "audit"
 AUDIT_CHECKPOINTS = "audit_checkpoints"
 API_KEYS = "api_keys"
 DIRECTORY = "directory"
+ERASURES = "erasures"
 
 TAG_COLUMNS = ("tenant", "acl_allow", "acl_deny", "acl_clauses", "labels", "classification")
 

@@ -78,6 +78,10 @@ class Sources(Door):
             )
         return holders[0]
 
+    def count(self) -> int:
+        """How many source documents the warehouse holds, in every tenant."""
+        return int(self._table.count_rows())
+
     def tenants(self) -> list[str]:
         """Every tenant the warehouse holds a source record of."""
         found = self._table.to_lance().to_table(columns=["tenant"])

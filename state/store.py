@@ -31,6 +31,7 @@ from .audit_table import AuditTable
 from .chunks import ChunkReads, Chunks
 from .commit_retry import retrying_conflicts
 from .directory import DirectoryTable
+from .erasures import Erasures
 from .files import RESIDENT_INDEX, WarehouseFiles, warehouse_files
 from .freshness import SingleFlight, Versions
 from .home import Home
@@ -82,17 +83,22 @@ class WriteDoors:
     sources: Sources
     registries: RegistryTables
     maintenance: Maintenance
+    erasures: Erasures
 
 
 @names_storage_failures
 class Store:
     """One warehouse: its connection, its format, its doors; the one object that owns storage."""
 
-    def __init__(self, uri: str, *, dimension: int, storage_options: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, uri: str, *, dimension: int, storage_options: Mapping[str, str] | None = None, create: bool = True
+    ) -> None:
+        """Open the warehouse at ``uri``, creating it when absent if ``create`` (else refusing
+        a missing one, naming the path)."""
         self.uri = uri
         self.dimension = dimension
         self.storage_options: Mapping[str, str] = dict(storage_options or {})
-        self._db = connect(uri, storage_options)
+        self._db = connect(uri, storage_options, create=create)
         self._audit: AuditTable | None = None
         self._api_keys: ApiKeysTable | None = None
         self._refuse_missing_tables()
@@ -123,6 +129,8 @@ class Store:
         tables = {CHUNKS: chunks, SOURCES: sources, CLAUSES: clauses, POLICIES: policies, LABELS: labels}
         self.maintenance = Maintenance(home, tables, logs=self._logs, files=self.files)
         """Optimize, purge, history and damage checks, over every table."""
+        self.erasures = Erasures(home, self._db)
+        """The tombstones of erased documents."""
         if backfill:
             self.registries.register_labels(self.chunks.labels_in_rows())
 
@@ -133,7 +141,7 @@ class Store:
     def write_doors(self) -> WriteDoors:
         """The doors a writer (ingest, the lifecycle) is handed."""
         return WriteDoors(chunks=self.chunks, sources=self.sources, registries=self.registries,
-                          maintenance=self.maintenance)  # fmt: skip
+                          maintenance=self.maintenance, erasures=self.erasures)  # fmt: skip
 
     # -- the format ----------------------------------------------------------------------
 

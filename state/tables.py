@@ -108,18 +108,38 @@ def local_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("file://")) if is_local(uri) else None
 
 
-def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
-    """A LanceDB connection to the warehouse (a local folder is created) that sees every commit at
-    once; ``storage_options`` configure an object store."""
+def connect(uri: str, storage_options: Mapping[str, str] | None = None, *, create: bool = True) -> Any:
+    """A LanceDB connection to the warehouse that sees every commit at once; ``storage_options``
+    configure an object store. A local folder is created when ``create``; else a warehouse that
+    is not there (no folder, or one holding no table) is refused, naming the path, so a mistyped
+    path never reads as an empty warehouse."""
     folder = local_path(uri)
     if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
+        if folder.exists() and not folder.is_dir():
+            raise WarehouseError(f"warehouse {uri!r} is a file, not a warehouse folder; name the folder instead")
+        if create:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise WarehouseError(f"cannot create warehouse folder {uri!r}: {exc.strerror or exc}") from None
+        elif not folder.is_dir():
+            raise _no_warehouse(uri)
     try:
-        return lancedb.connect(
-            uri, read_consistency_interval=timedelta(0), storage_options=dict(storage_options or {}) or None
-        )
+        db = lancedb.connect(uri, read_consistency_interval=timedelta(0), storage_options=dict(storage_options or {}) or None)
+        if not create and not db.list_tables().tables:
+            raise _no_warehouse(uri)
+        return db
+    except WarehouseError:
+        raise
     except Exception as exc:  # lancedb raises plain exceptions for bad URIs
         raise missing_bucket(uri, exc, storage_options) or WarehouseError(f"cannot open warehouse {uri!r}: {exc}") from exc
+
+
+def _no_warehouse(uri: str) -> WarehouseError:
+    return WarehouseError(
+        f"no warehouse at {uri!r}: check --warehouse (or RAGWARDEN_WAREHOUSE); only ingest, policy install "
+        "and init create one"
+    )
 
 
 def missing_bucket(uri: str, exc: BaseException, storage_options: Mapping[str, str] | None = None) -> WarehouseError | None:

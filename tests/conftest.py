@@ -27,6 +27,8 @@ from ragwarden.embedder import Embedder, ensure_export
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
+pytest_plugins = ["support.suite_record"]
+
 REPO = Path(__file__).resolve().parents[1]
 
 

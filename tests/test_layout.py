@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -83,7 +85,7 @@ def test_the_wheel_ships_the_console_policies_facets_and_integrations(tmp_path):
 
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
-    (wheel,) = tmp_path.glob("ragwarden-*.whl")
+    (wheel,) = tmp_path.glob("ragwarden_datalayer-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {f"ragwarden/api/console_static/{name}" for name in ("index.html", "console.js", "console.css")} | {
         "ragwarden/policies/model.conf", "ragwarden/policies/demo.csv", "ragwarden/integrations/langchain.py",
@@ -209,3 +211,16 @@ def test_identity_stands_apart_from_the_face_and_the_interfaces_reach_storage_th
                 if isinstance(node, ast.Attribute) and node.attr in ("store", "audit", "openlineage"):
                     reaching.append(f"{path.relative_to(REPO)}:{node.lineno} .{node.attr}")
     assert not reaching, reaching
+
+
+def test_the_design_the_code_cites_is_in_the_repository_with_every_section_it_cites():
+    """Code and docs cite "DESIGN §N": docs/design.md is that document, and holds each §N cited."""
+    sections = set(re.findall(r"^## (\d+)\. ", (REPO / "docs" / "design.md").read_text(encoding="utf-8"), flags=re.MULTILINE))
+    cited: dict[str, set[str]] = {}
+    for folder, subfolders, files in os.walk(REPO):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".") and name not in {"build", "__pycache__"}]
+        for path in (Path(folder) / name for name in files if name.endswith((".py", ".md", ".conf", ".csv"))):
+            for number in re.findall(r"DESIGN (?:§|section )(\d+)", path.read_text(encoding="utf-8", errors="replace")):
+                cited.setdefault(number, set()).add(str(path.relative_to(REPO)))
+    assert cited, "nothing cites the design: the pattern is wrong"
+    assert not {n: files for n, files in cited.items() if n not in sections}, sections

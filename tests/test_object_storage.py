@@ -20,7 +20,7 @@ import pytest
 from support import warehouse_workers
 from support.lineage_receiver import closed_port
 from support.lineage_workers import flush_warehouse
-from support.moto_s3 import MotoS3
+from support.moto_s3 import MotoS3, s3_holding
 from support.raw_tables import raw_table
 from support.s3_server import S3Server
 from support.spawned import run_together
@@ -38,10 +38,8 @@ SENTINEL = "Quillfeather-7731 restructuring memo"
 @pytest.fixture(scope="module")
 def s3() -> Iterator[MotoS3]:
     """moto's S3 server, holding the bucket the warehouses live in."""
-    server = MotoS3().start()
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
+    with s3_holding(BUCKET) as server:
+        yield server
 
 
 def aws_env(server: MotoS3 | S3Server) -> dict[str, str]:

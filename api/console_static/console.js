@@ -12,10 +12,18 @@ const VERIFIED_KEY = "ragwarden.verified"; // the last chain verification, kept 
 const OPERATIONS = ["search", "get", "ingest", "derive", "sync", "forget", "explain", "audit", "admin", "provision"];
 const PAGES = { search: searchPage, lineage: lineagePage, receipts: receiptsPage, review: reviewPage, inventory: inventoryPage,
   readers: readersPage, compare: comparePage, trends: trendsPage };
+// The pages that need the audit right (the access review needs it only for another's access).
+const AUDIT_PAGES = new Set(["trends", "lineage", "receipts", "inventory", "readers", "compare"]);
 
 let identity = null; // {subject, tenant, actor, method} from /v1/whoami
+let mayAudit = false; // whether that caller holds audit in its tenant (holdsAudit)
 
 // ------------------------------------------------------------------ building blocks
+
+// A count with its noun in the number it takes: "1 result", "2 results".
+function plural(count, noun, nouns = `${noun}s`) {
+  return `${count} ${count === 1 ? noun : nouns}`;
+}
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -64,14 +72,23 @@ function chips(labels) {
   return el("span", { class: "labels" }, labels.length ? labels.map((l) => el("span", { class: "label" }, l)) : el("span", { class: "none" }, "no labels"));
 }
 
+// Text as its words, each kept whole (a hyphenated id too): a line wraps at spaces only, and a word
+// wider than its cell widens the table, which then scrolls.
+function words(text) {
+  return String(text).split(/( +)/).filter(Boolean).map((part) => (part.trim() ? el("span", { class: "word" }, part) : part));
+}
+
 function badge(classification) {
   return el("span", { class: `classification ${classification}` }, classification);
 }
 
-function table(columns, rows, attrs = {}) {
-  return el("table", attrs,
-    el("thead", {}, el("tr", {}, columns.map((c) => el("th", {}, c)))),
-    el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c))))));
+// A table in a box that scrolls sideways when its words are wider than the page; ``rowClass(i)``
+// classes the i-th row. Text cells wrap between words only (``words``).
+function table(columns, rows, attrs = {}, rowClass = () => null) {
+  const cell = (tag, content) => el(tag, {}, content instanceof Node ? content : words(content));
+  return el("div", { class: "table-scroll" }, el("table", attrs,
+    el("thead", {}, el("tr", {}, columns.map((c) => cell("th", c)))),
+    el("tbody", {}, rows.map((cells, i) => el("tr", { class: rowClass(i) }, cells.map((c) => cell("td", c)))))));
 }
 
 function counts(title, key, entries, id) {
@@ -118,12 +135,14 @@ function signOut(message) {
   sessionStorage.removeItem(TOKEN_KEY);
   sessionStorage.removeItem(VERIFIED_KEY);
   identity = null;
+  mayAudit = false;
   renderSignIn(message);
 }
 
 function renderIdentity() {
   const who = document.getElementById("who");
   document.getElementById("nav").hidden = !identity;
+  for (const link of document.querySelectorAll("#nav a")) link.hidden = AUDIT_PAGES.has(link.dataset.page) && !mayAudit;
   if (!identity) {
     who.replaceChildren();
     return;
@@ -153,16 +172,38 @@ function renderSignIn(message) {
   token.focus();
 }
 
-// Who the stored credential names; on any failure, the sign-in form says why (false).
+// Who the stored credential names, and whether it holds audit; on any failure, the sign-in form says why (false).
 async function whoami() {
   try {
     identity = await api("whoami");
+    mayAudit = holdsAudit();
   } catch (error) {
     if (error.status !== 401) signOut(`Could not sign in: ${error.code}: ${error.message}`);
     return false; // a 401 has signed out already, with its reason
   }
   renderIdentity();
   return true;
+}
+
+// Whether the signed-in caller holds audit, so that the console offers the audit pages only to an
+// auditor: whoami says the caller's rights (read from the policy, with no receipt). A page that
+// still meets a 403 (the right was taken away since) hides the audit pages (keepAudit).
+function holdsAudit() {
+  return Array.isArray(identity.rights) && identity.rights.includes("audit");
+}
+
+function keepAudit(audit) {
+  mayAudit = audit;
+}
+
+// What a page that needs audit says to a caller without it, in place of the page.
+function needsAudit(what) {
+  return el("p", { id: "needs-audit", class: "needs-audit card", role: "note" },
+    `${what} needs the audit right in ${identity.tenant}, which ${identity.subject} does not hold.`);
+}
+
+function pageTitle(page) {
+  return document.querySelector(`#nav a[data-page="${page}"]`).textContent;
 }
 
 // ------------------------------------------------------------------ pages
@@ -189,9 +230,14 @@ async function route() {
   const view = el("section", { id: `page-${page}`, class: "page" });
   main.replaceChildren(view);
   try {
-    await PAGES[page](view, params);
+    if (AUDIT_PAGES.has(page) && !mayAudit) view.append(needsAudit(pageTitle(page)));
+    else await PAGES[page](view, params);
   } catch (error) {
-    if (error.status !== 401) view.append(problem(error));
+    if (error.status === 403 && AUDIT_PAGES.has(page)) { // audit was taken away since it was learned
+      keepAudit(false);
+      renderIdentity();
+      view.replaceChildren(needsAudit(pageTitle(page)));
+    } else if (error.status !== 401) view.append(problem(error));
   }
   view.dataset.ready = "true";
 }
@@ -207,7 +253,7 @@ async function searchPage(view, params) {
   const answer = await api("search", { method: "POST", body: { query: params.get("query"), k: Number(params.get("k") || 10), mode: params.get("mode") || "hybrid", purpose: "console search" } });
   const manifest = answer.manifest;
   view.append(
-    el("p", { id: "manifest", class: "manifest" }, `${answer.hits.length} results · labels: `, chips(manifest.labels),
+    el("p", { id: "manifest", class: "manifest" }, `${plural(answer.hits.length, "result")} · labels: `, chips(manifest.labels),
       " · highest classification: ", badge(manifest.classification)),
     el("ol", { id: "results" }, answer.hits.map(hitCard)));
 }
@@ -232,7 +278,7 @@ function hitCard(hit) {
     el("p", { class: "text" }, hit.text),
     el("p", { class: "why" }, el("strong", {}, "Visible because: "), el("span", { class: "reason" }, hit.reason)),
     el("p", { class: "meta" }, `${hit.kind} ${hit.chunk_id} · ${hit.source_uri} · version ${hit.doc_version.slice(0, 12)}`, " · ",
-      el("a", { href: `#/lineage?id=${encodeURIComponent(hit.doc_id)}`, class: "lineage-link" }, "lineage"), " ", explain),
+      mayAudit ? [el("a", { href: `#/lineage?id=${encodeURIComponent(hit.doc_id)}`, class: "lineage-link" }, "lineage"), " "] : "", explain),
     explanation);
 }
 
@@ -250,17 +296,21 @@ async function lineagePage(view, params) {
   const link = (to, text, id) => el("a", { id, href: `#/lineage?${new URLSearchParams({ id: params.get("id"), offset: String(to) })}` }, text);
   view.append(
     el("p", { id: "lineage-summary" }, lineage.source ? `Source ${lineage.source.doc_id} (version ${lineage.source.version.slice(0, 12)}) · ` : "",
-      `${lineage.chunks.length} chunks · ${lineage.derived.length} derived rows · ${lineage.receipts.length} receipts` +
-      (lineage.tombstones.length ? ` · erased ${lineage.tombstones.length} time(s)` : "")),
+      `${plural(lineage.chunks.length, "chunk")} · ${plural(lineage.derived.length, "derived row")} · ` +
+      plural(lineage.receipts.length, "receipt") +
+      (lineage.tombstones.length ? ` · erased ${plural(lineage.tombstones.length, "time")}` : "")),
     el("p", { id: "lineage-receipts-pager", class: "pager" },
       shown.length ? `Receipts ${offset + 1}–${offset + shown.length} of ${newest.length}, newest first` : "No receipts",
       offset > 0 ? [" · ", link(Math.max(0, offset - LINEAGE_RECEIPTS), "newer", "lineage-newer")] : "",
       offset + shown.length < newest.length ? [" · ", link(offset + LINEAGE_RECEIPTS, "older", "lineage-older")] : ""),
-    lineageGraph(lineage, shown),
+    lineageGraph(lineageNodes(lineage, shown)),
+    exportButtons("export-lineage", `lineage-${params.get("id")}-${identity.tenant}`, LINEAGE_COLUMNS,
+      () => lineageRows(lineageNodes(lineage, newest)), () => ({ item: params.get("id"), tenant: identity.tenant, ...lineage })),
     receiptGroups(lineage.receipts),
     ...lineage.tombstones.map((t) => el("p", { class: "tombstone" },
       `Erased ${localInput(t.time).replace("T", " ")} by ${t.subject}${t.actor ? ` (agent ${t.actor})` : ""}: ${t.reason} · `,
-      `${t.erased.chunks.length} chunks, ${t.erased.derived.length} derived rows · ${Object.values(t.versions_left).join("/")} version(s) left after the purge`)));
+      `${plural(t.erased.chunks.length, "chunk")}, ${plural(t.erased.derived.length, "derived row")} · ` +
+      `${Object.values(t.versions_left).join("/")} ${Object.values(t.versions_left).every((n) => n === 1) ? "version" : "versions"} left after the purge`)));
 }
 
 // Every receipt of a lineage grouped by what came of it and for whom: who was returned what, how often, first and last.
@@ -282,51 +332,85 @@ function receiptGroups(receipts) {
     : el("p", { id: "lineage-receipt-groups", class: "empty" }, "No receipts concern it.");
 }
 
-// Columns, left to right: source -> chunks -> derived rows -> receipts (this page of them) -> erasures;
-// an edge where a row derives from another, where a receipt returned a row, and to each erasure.
-// Rows are annotated with their classification and labels; receipts with when, who and why.
-function lineageGraph(lineage, receipts) {
+// The lineage as nodes, each with the ids its edges come from: the source, its chunks, the rows
+// derived from them, the given receipts (each from the rows it returned) and the erasures. The graph
+// draws them and the export writes them, so the two say the same.
+function lineageNodes(lineage, receipts) {
+  const source = lineage.source ? [lineage.source.doc_id] : [];
   const tags = (id) => lineage.tags[id] || { labels: [], classification: "erased" };
-  const rowNode = (id, kind, text) => ({ id, kind: `${kind} ${tags(id).classification}`, text: `${text} · ${tags(id).classification}`,
-    title: `${kind} ${id}: ${tags(id).classification}; labels ${tags(id).labels.join(", ") || "none"}` });
   const when = (iso) => localInput(iso).replace("T", " ").slice(5, 16);
-  const columns = [
-    ["Source", lineage.source ? [{ id: lineage.source.doc_id, kind: "source", text: lineage.source.doc_id, title: `source ${lineage.source.doc_id}` }] : []],
-    ["Chunks", lineage.chunks.map((id) => rowNode(id, "chunk", id.slice(0, 12)))],
-    ["Derived", lineage.derived.map((d) => rowNode(d.chunk_id, "derived", `${d.kind} ${d.chunk_id.slice(0, 8)}`))],
-    ["Receipts", receipts.map((r) => ({ id: `receipt-${r.chain}-${r.seq}`, kind: `receipt ${r.allowed ? "allowed" : "refused"}`,
-      text: `${when(r.time)} ${r.outcome} · ${r.subject}${r.purpose ? ` · ${r.purpose}` : ""}`,
-      title: `receipt ${r.seq}: ${r.operation} (${r.outcome}) by ${r.subject}${r.actor ? ` for agent ${r.actor}` : ""} at ${r.time}` +
-        `${r.purpose ? `, purpose: ${r.purpose}` : ""}` }))],
-  ];
-  if (lineage.tombstones.length) {
-    columns.push(["Erased", lineage.tombstones.map((t) => ({ id: `tombstone-${t.chain}-${t.seq}`, kind: "tombstone",
-      text: `${when(t.time)} by ${t.subject}`, title: `erased at ${t.time} by ${t.subject}: ${t.reason}` }))]);
-  }
-  const width = 230, gap = 50, rowHeight = 44, boxHeight = 30, top = 30;
+  const agent = (actor) => (actor ? ` (agent ${actor})` : "");
+  const row = (kind, id, from, detail, text) => {
+    const { labels, classification } = tags(id);
+    return { kind, id, from, classification, labels, time: "", subject: "", actor: "", detail, class: `${kind} ${classification}`,
+      text: `${text} · ${classification}`, title: `${kind} ${id}: ${classification}; labels ${labels.join(", ") || "none"}` };
+  };
+  const event = (kind, id, from, r, detail, css, text, title) => ({ kind, id, from, classification: "", labels: [], time: r.time,
+    subject: r.subject, actor: r.actor || "", detail, class: css, text: `${when(r.time)} ${text}`, title });
+  const purpose = (r) => (!r.purpose ? "" : r.purpose.length > 40 ? ` · ${r.purpose.slice(0, 39)}…` : ` · ${r.purpose}`);
+  return [
+    ["Source", lineage.source ? [{ kind: "source", id: lineage.source.doc_id, from: [], classification: "", labels: [], time: "",
+      subject: "", actor: "", detail: `version ${lineage.source.version}`, class: "source", text: lineage.source.doc_id,
+      title: `source ${lineage.source.doc_id}, version ${lineage.source.version}` }] : []],
+    ["Chunks", lineage.chunks.map((id) => row("chunk", id, source, "", id))],
+    ["Derived", lineage.derived.map((d) => row("derived", d.chunk_id, d.parents, d.kind, `${d.kind} ${d.chunk_id}`))],
+    ["Receipts", receipts.map((r) => event("receipt", `receipt-${r.chain}-${r.seq}`, r.returned, r,
+      `${r.operation} ${r.outcome}${r.purpose ? `, purpose: ${r.purpose}` : ""}`, `receipt ${r.allowed ? "allowed" : "refused"}`,
+      `${r.outcome} · ${r.subject}${agent(r.actor)}${purpose(r)}`,
+      `receipt ${r.seq}: ${r.operation} (${r.outcome}) by ${r.subject}${r.actor ? ` for agent ${r.actor}` : ""} at ${r.time}` +
+        `${r.purpose ? `, purpose: ${r.purpose}` : ""}`))],
+    ["Erased", lineage.tombstones.map((t) => event("tombstone", `tombstone-${t.chain}-${t.seq}`, source, t, t.reason, "tombstone",
+      `by ${t.subject}${agent(t.actor)}`, `erased at ${t.time} by ${t.subject}: ${t.reason}`))],
+  ].filter(([title, nodes]) => title !== "Erased" || nodes.length);
+}
+
+const LINEAGE_COLUMNS = ["kind", "id", "from", "classification", "labels", "time", "subject", "agent", "detail"];
+
+function lineageRows(columns) {
+  return columns.flatMap(([, nodes]) => nodes.map((n) => [n.kind, n.id, n.from.join(" "), n.classification, n.labels.join(" "),
+    n.time, n.subject, n.actor, n.detail]));
+}
+
+// The graph's fonts, as console.css sets them: the nodes' text, and the columns' titles.
+const NODE_FONT = "12px ui-monospace, monospace";
+const TITLE_FONT = "600 13px system-ui, -apple-system, \"Segoe UI\", sans-serif";
+let textMeasure = null;
+
+// How wide ``text`` is drawn in ``font``, to size each column of the graph to its whole texts.
+function textWidth(text, font = NODE_FONT) {
+  textMeasure = textMeasure || document.createElement("canvas").getContext("2d");
+  textMeasure.font = font;
+  return textMeasure.measureText(text).width;
+}
+
+// Columns, left to right, each as wide as its widest text (nothing is cut): source -> chunks ->
+// derived rows -> receipts (this page of them) -> erasures; an edge where a row derives from
+// another, where a receipt returned a row, and to each erasure. Rows are annotated with their
+// classification and labels; receipts with when, who and why. Wider than the page, it scrolls.
+function lineageGraph(columns) {
+  const gap = 50, rowHeight = 44, boxHeight = 30, top = 30, pad = 8;
+  const widths = columns.map(([title, nodes]) => Math.ceil(Math.max(textWidth(title, TITLE_FONT) + pad, ...nodes.map((n) => textWidth(n.text) + 2 * pad))));
+  const lefts = widths.map((_, c) => 10 + widths.slice(0, c).reduce((sum, w) => sum + w + gap, 0));
   const place = new Map();
-  columns.forEach(([, nodes], c) => nodes.forEach((node, r) => place.set(node.id, { x: 10 + c * (width + gap), y: top + r * rowHeight, node })));
-  const edges = [];
-  if (lineage.source) for (const id of lineage.chunks) edges.push([lineage.source.doc_id, id]);
-  for (const d of lineage.derived) for (const parent of d.parents) edges.push([parent, d.chunk_id]);
-  for (const r of receipts) for (const id of r.returned) edges.push([id, `receipt-${r.chain}-${r.seq}`]);
-  for (const t of lineage.tombstones) if (lineage.source) edges.push([lineage.source.doc_id, `tombstone-${t.chain}-${t.seq}`]);
+  columns.forEach(([, nodes], c) => nodes.forEach((node, r) => place.set(node.id, { x: lefts[c], y: top + r * rowHeight, width: widths[c], node })));
   const rows = Math.max(1, ...columns.map(([, nodes]) => nodes.length));
-  const graph = svg("svg", { id: "lineage-graph", width: columns.length * (width + gap) + 10, height: top + rows * rowHeight + 10, role: "img",
-    "aria-label": "lineage graph" });
-  columns.forEach(([title], c) => graph.append(svg("text", { x: 10 + c * (width + gap), y: 16, class: "column-title" }, title)));
-  for (const [from, to] of edges) {
-    const a = place.get(from), b = place.get(to);
-    if (!a || !b) continue; // a parent outside this lineage (another document's chunk), or a receipt on another page
-    graph.append(svg("line", { class: "edge", "data-from": from, "data-to": to, x1: a.x + width, y1: a.y + boxHeight / 2, x2: b.x, y2: b.y + boxHeight / 2 }));
-  }
+  const graph = svg("svg", { id: "lineage-graph", width: lefts[lefts.length - 1] + widths[widths.length - 1] + 10,
+    height: top + rows * rowHeight + 10, role: "img", "aria-label": "lineage graph" });
+  columns.forEach(([title], c) => graph.append(svg("text", { x: lefts[c], y: 16, class: "column-title" }, title)));
   for (const { x, y, node } of place.values()) {
-    graph.append(svg("g", { class: `node ${node.kind}`, "data-id": node.id, transform: `translate(${x},${y})` },
+    for (const from of node.from) {
+      const a = place.get(from);
+      if (!a) continue; // a parent outside this lineage (another document's chunk)
+      graph.append(svg("line", { class: "edge", "data-from": from, "data-to": node.id, x1: a.x + a.width, y1: a.y + boxHeight / 2, x2: x, y2: y + boxHeight / 2 }));
+    }
+  }
+  for (const { x, y, width, node } of place.values()) {
+    graph.append(svg("g", { class: `node ${node.class}`, "data-id": node.id, transform: `translate(${x},${y})` },
       svg("title", {}, node.title),
       svg("rect", { width, height: boxHeight, rx: 6 }),
-      svg("text", { x: 8, y: 19 }, node.text.length > 31 ? `${node.text.slice(0, 30)}…` : node.text)));
+      svg("text", { x: pad, y: 19 }, node.text)));
   }
-  return el("div", { class: "graph" }, graph);
+  return el("div", { class: "graph", id: "lineage-graph-box" }, graph);
 }
 
 const RECEIPT_FILTERS = ["subject", "label", "doc_id", "operation", "allowed", "since", "until"];
@@ -375,14 +459,35 @@ async function receiptsPage(view, params) {
   view.append(el("p", { id: "receipts-pager", class: "pager" },
     found.length ? `Receipts ${offset + 1}–${offset + found.length} of ${total}` : `0 of ${total}`,
     offset > 0 ? [" · ", pageLink(Math.max(0, offset - RECEIPTS_PAGE), "newer", "receipts-newer")] : "",
-    offset + found.length < total ? [" · ", pageLink(offset + RECEIPTS_PAGE, "older", "receipts-older")] : "",
-    " · ", el("button", { id: "export-receipts-csv", type: "button", onclick: () => exportReceipts({ ...filters, until: pinned }, "csv") }, "Export CSV"),
-    " ", el("button", { id: "export-receipts-json", type: "button", onclick: () => exportReceipts({ ...filters, until: pinned }, "json") }, "Export JSON")));
+    offset + found.length < total ? [" · ", pageLink(offset + RECEIPTS_PAGE, "older", "receipts-older")] : ""));
+  const exported = { ...filters, until: pinned };
+  view.append(exportButtons("export-receipts", `receipts-${identity.tenant}`, [...RECEIPT_COLUMNS, "verified_checkpoint", "verified_at"],
+    async () => {
+      const { chain, receipts } = await everyReceipt(exported);
+      return receipts.map((r) => [...RECEIPT_COLUMNS.map((c) => receiptField(r, c)), chain.checkpoint, chain.at]);
+    },
+    async () => {
+      const { chain, receipts } = await everyReceipt(exported);
+      return { tenant: identity.tenant, filters: Object.fromEntries(Object.entries(exported).filter(([, v]) => v)),
+        verified: { ok: chain.ok, at: chain.at, checkpoint: chain.checkpoint, receipts: chain.receipts, chains: chain.chains }, receipts };
+    }));
   view.append(found.length
-    ? table(["chain #", "time (yours)", "operation", "subject", "actor", "purpose", "allowed", "reason", "withheld", "documents", "labels"],
+    ? table(["chain #", "time (yours)", "operation", "subject", "actor", "purpose", "allowed", "reason", "withheld", "documents", "labels", "policy"],
       found.map((r) => [`${r.chain.slice(0, 8)} #${r.seq}`, localInput(r.time).replace("T", " "), r.operation, r.subject, r.actor || "",
-        r.purpose || "", r.allowed ? "yes" : "no", r.reason, String(r.withheld), r.doc_ids.join(", "), chips(receiptLabels(r))]), { id: "receipts" })
+        r.purpose || "", r.allowed ? "yes" : "no", r.reason, String(r.withheld), r.doc_ids.join(", "), chips(receiptLabels(r)),
+        policyVersion(r.policy_version)]), { id: "receipts" })
     : el("p", { id: "receipts", class: "empty" }, "No receipts match these filters."));
+}
+
+// The policy a receipt was decided under, by the start of its version (the whole on hover, and in the exports).
+function policyVersion(version) {
+  return version ? el("span", { class: "policy-version", title: version }, version.slice(0, 12)) : el("span", { class: "none" }, "none");
+}
+
+function receiptField(receipt, column) {
+  if (column === "labels") return receiptLabels(receipt).join(" ");
+  if (column === "doc_ids") return receipt.doc_ids.join(" ");
+  return receipt[column];
 }
 
 // The instant just after ``iso`` (a millisecond later), to bound a query to what had been written by then.
@@ -410,32 +515,21 @@ async function verifiedChain(again) {
 function showChain(status, chain) {
   status.className = chain.ok ? "ok" : "broken";
   status.textContent = chain.ok
-    ? `Chains verified ${localInput(chain.at).replace("T", " ")}: intact, ${chain.receipts} receipts in ${chain.chains} chains, checkpoint ${chain.checkpoint}`
+    ? `Chains verified ${localInput(chain.at).replace("T", " ")}: intact, ${plural(chain.receipts, "receipt")} in ${plural(chain.chains, "chain")}, checkpoint ${chain.checkpoint}`
     : `Chain BROKEN (verified ${localInput(chain.at).replace("T", " ")}): ${chain.problems.join("; ")}`;
 }
 
-// Every receipt the filters match (page after page), as a file to attach to an audit record, with
-// the verification it was read under.
-async function exportReceipts(filters, format) {
+// Every receipt the filters match (page after page), to attach to an audit record, with the
+// verification it was read under.
+async function everyReceipt(filters) {
   const chain = await verifiedChain(false);
-  const stamp = new Date().toISOString();
   const receipts = [];
   for (let offset = 0; ; offset += EXPORT_PAGE) {
     const { data, total } = await api("audit/receipts", { params: { ...filters, limit: EXPORT_PAGE, offset }, withTotal: true });
     receipts.push(...data);
     if (!data.length || receipts.length >= total) break;
   }
-  const name = `receipts-${identity.tenant}-${stamp.replace(/[:.]/g, "-")}`;
-  if (format === "json") {
-    download(`${name}.json`, "application/json", JSON.stringify({ tenant: identity.tenant, exported_at: stamp, exported_by: identity.subject,
-      filters: Object.fromEntries(Object.entries(filters).filter(([, v]) => v)),
-      verified: { ok: chain.ok, at: chain.at, checkpoint: chain.checkpoint, receipts: chain.receipts, chains: chain.chains },
-      receipts }, null, 2));
-  } else {
-    const rows = receipts.map((r) => RECEIPT_COLUMNS.map((c) => c === "labels" ? receiptLabels(r).join(" ") : c === "doc_ids" ? r.doc_ids.join(" ") : r[c]));
-    download(`${name}.csv`, "text/csv", csv([...RECEIPT_COLUMNS, "verified_checkpoint", "verified_at"],
-      rows.map((row) => [...row, chain.checkpoint, chain.at])));
-  }
+  return { chain, receipts };
 }
 
 // A CSV file as RFC 4180 writes it, that no spreadsheet runs as formulas: wherever a spreadsheet
@@ -460,10 +554,25 @@ function download(name, type, text) {
   setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
 }
 
-function exportButtons(id, name, rows, header, json) {
-  return el("p", { class: "exports" },
-    el("button", { id: `${id}-csv`, type: "button", onclick: () => download(`${name}.csv`, "text/csv", csv(header, rows())) }, "Export CSV"), " ",
-    el("button", { id: `${id}-json`, type: "button", onclick: () => download(`${name}.json`, "application/json", JSON.stringify(json(), null, 2)) }, "Export JSON"));
+// What a page shows, as CSV (``header``, then ``rows()``) and as JSON (``json()``, stamped with when
+// and by whom): the one way every page exports. ``rows`` and ``json`` are asked when a button is
+// pressed and may ask the API first (the receipts' export reads every page its filters match).
+function exportButtons(id, name, header, rows, json) {
+  const trouble = el("div", { class: "export-problem" });
+  const save = (extension) => async () => {
+    const stamp = new Date().toISOString();
+    const file = `${name}-${stamp}`.replace(/[^\w@.-]+/g, "-");
+    try {
+      if (extension === "csv") download(`${file}.csv`, "text/csv", csv(header, await rows()));
+      else download(`${file}.json`, "application/json", JSON.stringify({ ...(await json()), exported_at: stamp, exported_by: identity.subject }, null, 2));
+      trouble.replaceChildren();
+    } catch (error) {
+      if (error.status !== 401) trouble.replaceChildren(problem(error));
+    }
+  };
+  return el("div", { class: "exports", id },
+    el("button", { id: `${id}-csv`, type: "button", onclick: save("csv") }, "Export CSV"), " ",
+    el("button", { id: `${id}-json`, type: "button", onclick: save("json") }, "Export JSON"), trouble);
 }
 
 // An ISO instant as the browser's local "YYYY-MM-DDTHH:MM:SS" (what datetime-local shows); "" if none or unreadable.
@@ -477,16 +586,20 @@ function isoInstant(local) {
   return local ? new Date(local).toISOString() : "";
 }
 
+// A subject's access: one's own for anyone, another's for an auditor.
 async function reviewPage(view, params) {
-  const subject = el("input", { id: "review-subject", value: params.get("subject") || identity.subject, size: 30 });
+  const asked = params.get("subject") || identity.subject;
+  const subject = el("input", { id: "review-subject", value: mayAudit ? asked : identity.subject, size: 30, readonly: !mayAudit });
   view.append(el("h2", {}, "Access review"),
-    toolbar("review-form", [field("Subject", subject)], "Review", "review", () => ({ subject: subject.value })));
-  const review = await api("audit/access-review", { params: { subject: params.get("subject") || identity.subject } });
+    toolbar("review-form", [field(mayAudit ? "Subject" : "Subject (yourself: another needs the audit right)", subject)], "Review", "review",
+      () => ({ subject: subject.value })));
+  if (asked !== identity.subject && !mayAudit) return view.append(needsAudit(`The access review of ${asked}`));
+  const review = await api("audit/access-review", { params: { subject: asked } });
   view.append(
-    el("p", { id: "review-summary" }, `${review.subject} can read ${review.rows} rows in ${review.tenant} (policy ${review.policy_version.slice(0, 12)})`),
-    exportButtons("export-review", `access-review-${review.subject}-${review.tenant}`,
+    el("p", { id: "review-summary" }, `${review.subject} can read ${plural(review.rows, "row")} in ${review.tenant} (policy ${review.policy_version.slice(0, 12)})`),
+    exportButtons("export-review", `access-review-${review.subject}-${review.tenant}`, ["counted_by", "name", "rows"],
       () => ["by_source", "by_label", "by_classification", "derived_by_kind"].flatMap((by) => Object.entries(review[by]).map(([name, n]) => [by, name, n])),
-      ["counted_by", "name", "rows"], () => ({ ...review, exported_at: new Date().toISOString(), exported_by: identity.subject })),
+      () => review),
     el("div", { class: "columns" },
       counts("By source", "source", review.by_source, "review-by-source"),
       counts("By label", "label", review.by_label, "review-by-label"),
@@ -501,9 +614,8 @@ async function inventoryPage(view, params) {
   if (!params.get("label")) return;
   const found = await api("audit/inventory", { params: { label: params.get("label") } });
   const sources = Object.entries(found.sources);
-  view.append(exportButtons("export-inventory", `inventory-${found.label}-${found.tenant}`,
-    () => sources.flatMap(([doc, rows]) => rows.map((row) => [found.label, doc, row])), ["label", "source", "row"],
-    () => ({ ...found, exported_at: new Date().toISOString(), exported_by: identity.subject })));
+  view.append(exportButtons("export-inventory", `inventory-${found.label}-${found.tenant}`, ["label", "source", "row"],
+    () => sources.flatMap(([doc, rows]) => rows.map((row) => [found.label, doc, row])), () => found));
   view.append(sources.length
     ? table(["source", "rows", "row ids"], sources.map(([doc, rows]) => [
       el("a", { href: `#/lineage?id=${encodeURIComponent(doc)}` }, doc), String(rows.length), rows.join(" ")]), { id: "inventory" })
@@ -572,13 +684,17 @@ async function readersPage(view, params) {
   const rows = (readers) => readers.map((r) => [r.principal, String(r.rows), r.path]);
   view.append(
     el("p", { id: "readers-summary" }, `${found.subjects.length} users and services and ${found.groups.length} groups can read ` +
-      `${found.item} in ${found.tenant} (${found.rows} rows${found.truncated ? ", the first of more: narrow it for the rest" : ""}; ` +
+      `${found.item} in ${found.tenant} (${plural(found.rows, "row")}${found.truncated ? ", the first of more: narrow it for the rest" : ""}; ` +
       `policy ${found.policy_version.slice(0, 12)})`),
+    exportButtons("export-readers", `readers-${found.item}-${found.tenant}`, ["kind", "who", "rows", "through"],
+      () => [...rows(found.subjects).map((row) => ["subject", ...row]), ...rows(found.groups).map((row) => ["group", ...row])], () => found),
     el("h3", {}, "Users and services"),
     found.subjects.length ? table(["who", "rows", "through"], rows(found.subjects), { id: "readers-subjects" }) : el("p", { id: "readers-subjects", class: "empty" }, "none"),
     el("h3", {}, "Groups (a member holding that group alone)"),
     found.groups.length ? table(["group", "rows", "through"], rows(found.groups), { id: "readers-groups" }) : el("p", { id: "readers-groups", class: "empty" }, "none"));
 }
+
+const COMPARED = [["by_source", "By source"], ["by_label", "By label"], ["by_classification", "By classification"]];
 
 // Two subjects' access side by side, what differs marked.
 async function comparePage(view, params) {
@@ -589,15 +705,15 @@ async function comparePage(view, params) {
   if (!params.get("b")) return;
   const [left, right] = await Promise.all([params.get("a") || identity.subject, params.get("b")].map((subject) =>
     api("audit/access-review", { params: { subject } })));
-  view.append(el("p", { id: "compare-summary" }, `${left.subject} can read ${left.rows} rows, ${right.subject} ${right.rows}, in ${left.tenant}`));
-  for (const [by, title] of [["by_source", "By source"], ["by_label", "By label"], ["by_classification", "By classification"]]) {
-    const names = [...new Set([...Object.keys(left[by]), ...Object.keys(right[by])])].sort();
-    const body = names.map((name) => {
-      const [x, y] = [left[by][name] || 0, right[by][name] || 0];
-      return el("tr", { class: x === y ? "same" : "differs" }, el("td", {}, name), el("td", {}, String(x)), el("td", {}, String(y)));
-    });
-    view.append(el("h3", {}, title), el("table", { id: `compare-${by.replace("_", "-")}` },
-      el("thead", {}, el("tr", {}, el("th", {}, by.slice(3)), el("th", {}, left.subject), el("th", {}, right.subject))), el("tbody", {}, body)));
+  const compared = COMPARED.map(([by, title]) => [by, title, [...new Set([...Object.keys(left[by]), ...Object.keys(right[by])])].sort()
+    .map((name) => [name, left[by][name] || 0, right[by][name] || 0])]);
+  view.append(el("p", { id: "compare-summary" }, `${left.subject} can read ${plural(left.rows, "row")}, ${right.subject} ${right.rows}, in ${left.tenant}`),
+    exportButtons("export-compare", `compare-${left.subject}-${right.subject}-${left.tenant}`, ["counted_by", "name", left.subject, right.subject, "differs"],
+      () => compared.flatMap(([by, , rows]) => rows.map(([name, x, y]) => [by, name, x, y, x === y ? "no" : "yes"])),
+      () => ({ tenant: left.tenant, subjects: [left.subject, right.subject], reviews: [left, right] })));
+  for (const [by, title, rows] of compared) {
+    view.append(el("h3", {}, title), table([by.slice(3), left.subject, right.subject], rows.map(([name, x, y]) => [name, String(x), String(y)]),
+      { id: `compare-${by.replace("_", "-")}` }, (i) => (rows[i][1] === rows[i][2] ? "same" : "differs")));
   }
 }
 

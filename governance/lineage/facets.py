@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ import attr
 from openlineage.client.facet_v2 import RunFacet
 
 from ...errors import InvalidValueError
+from ...release import version
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,14 +28,7 @@ if TYPE_CHECKING:
 SCHEMA_BASE = "https://ragwarden.dev/spec/facets/1-0-0/"
 
 
-def _ragwarden_version() -> str:
-    try:
-        return metadata.version("ragwarden")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
-VERSION = _ragwarden_version()
+VERSION = version()
 PRODUCER = f"https://ragwarden.dev/ragwarden/{VERSION}"
 """The ``producer`` of our events and the ``_producer`` of every facet ragwarden builds."""
 

@@ -26,7 +26,7 @@ from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
 from ragwarden.api_keys import ApiKeys
 from ragwarden.config import AuthSettings
-from ragwarden.errors import InvalidRequestError
+from ragwarden.errors import ConfigurationError, InvalidRequestError
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
@@ -140,7 +140,8 @@ def test_an_hs256_token_names_its_sub_as_subject_and_its_tenant_claim_as_tenant(
     token = jwt.encode(claims(sub, tenant="globex"), JWT_SECRET, algorithm="HS256")
     response = whoami(service, token)
     assert response.status_code == 200, response.text
-    assert response.json() == {"subject": "user:alice", "tenant": "globex", "actor": None, "method": "jwt", "groups": []}
+    assert response.json() == {"subject": "user:alice", "tenant": "globex", "actor": None, "method": "jwt", "groups": [],
+                               "rights": []}  # fmt: skip
 
 
 @pytest.mark.parametrize("kid", ["rsa-1", "ec-1"])
@@ -176,6 +177,19 @@ def test_a_token_within_the_clock_leeway_is_accepted(service):
     now = int(time.time())
     token = jwt.encode(claims(exp=now - 5, nbf=now + 5), JWT_SECRET, algorithm="HS256")
     assert whoami(service, token).status_code == 200
+
+
+def test_the_clock_leeway_is_a_setting_and_a_token_past_it_is_refused(demo_warehouse, serve):
+    env = {"RAGWARDEN_JWT_SECRET": JWT_SECRET.decode(),
+           "RAGWARDEN_JWT_ISSUER": ISSUER, "RAGWARDEN_JWT_AUDIENCE": AUDIENCE, "RAGWARDEN_JWT_LEEWAY_SECONDS": "2"}  # fmt: skip
+    auth = AuthSettings.from_env(env)
+    assert auth.leeway_seconds == 2
+    now = int(time.time())
+    with httpx.Client(base_url=serve(demo_warehouse, auth=auth), timeout=60) as strict:
+        assert whoami(strict, jwt.encode(claims(exp=now - 10), JWT_SECRET, algorithm="HS256")).status_code == 401
+        assert whoami(strict, jwt.encode(claims(exp=now + 60), JWT_SECRET, algorithm="HS256")).status_code == 200
+    with pytest.raises(ConfigurationError, match="RAGWARDEN_JWT_LEEWAY_SECONDS must be a whole number of seconds, not 'soon'"):
+        AuthSettings.from_env({**env, "RAGWARDEN_JWT_LEEWAY_SECONDS": "soon"})
 
 
 def test_an_audience_list_naming_this_service_is_accepted(service, idp):
@@ -350,8 +364,8 @@ def test_an_api_key_authenticates_its_service_account(keyed):
     key = keys.create(subject="service:indexer", tenant="acme")
     response = client.get("/v1/whoami", headers=bearer(key))
     assert response.status_code == 200, response.text
-    assert response.json() == {"subject": "service:indexer", "tenant": "acme", "actor": None, "method": "api-key",
-                               "groups": []}  # fmt: skip
+    assert {k: v for k, v in response.json().items() if k != "rights"} == {
+        "subject": "service:indexer", "tenant": "acme", "actor": None, "method": "api-key", "groups": []}  # fmt: skip
 
 
 def test_a_service_accounts_operations_are_authorized_by_the_policy(keyed):

@@ -30,6 +30,13 @@ def warehouse_args(tmp_path: Path) -> list[str]:
     return ["--warehouse", str(tmp_path / "wh")]
 
 
+@pytest.fixture
+def empty_cli_warehouse(runner: CliRunner, warehouse_args: list[str]) -> list[str]:
+    """CLI arguments of a warehouse made by ``init``, holding nothing."""
+    assert runner.invoke(main, ["init", *warehouse_args]).exit_code == 0
+    return warehouse_args
+
+
 def all_commands(group: click.Group = main, prefix: str = "") -> list[tuple[str, click.Command]]:
     found = []
     for name, command in group.commands.items():
@@ -90,10 +97,74 @@ def test_search_collapses_copies_of_one_text_with_distinct(runner, warehouse_arg
     assert refused.exit_code != 0 and "folder" in refused.output
 
 
-def test_search_without_any_policy_finds_nothing(runner, warehouse_args):
+def test_search_without_any_policy_finds_nothing_and_says_why(runner, warehouse_args):
     runner.invoke(main, ["ingest", str(DEMO_CORPUS), *warehouse_args])
     result = runner.invoke(main, ["search", "press release", "--as", "user:dave", "--tenant", "acme", *warehouse_args])
     assert result.exit_code == 0 and "no results" in result.stdout
+    assert result.stderr == "note: no policy is installed, so nothing is visible: install one with `ragwarden policy install FILE`\n"
+
+
+SEARCH = ["search", "salary bands", "--as", "user:dave"]
+
+
+def test_a_tenant_the_policy_never_names_is_said_on_stderr(runner, demo_cli_warehouse):
+    result = runner.invoke(main, [*SEARCH, "--tenant", "acmee", *demo_cli_warehouse])
+    assert result.exit_code == 0 and result.stdout == "no results\n"
+    assert "names no tenant 'acmee': check --tenant" in result.stderr
+
+
+def test_an_empty_warehouse_is_said_on_stderr(runner, warehouse_args):
+    assert runner.invoke(main, ["policy", "install", str(policy_file("demo.csv")), *warehouse_args]).exit_code == 0
+    result = runner.invoke(main, [*SEARCH, "--tenant", "acme", "--json", *warehouse_args])
+    assert result.exit_code == 0 and json.loads(result.stdout) == []
+    assert "holds no documents yet" in result.stderr and "names no tenant" not in result.stderr
+
+
+def test_a_caller_who_may_read_nothing_that_matches_gets_no_note_at_all(runner, demo_cli_warehouse):
+    only_hr = ["--filter", '{"doc_id": "acme-hr-001"}']  # a document dave may not read
+    result = runner.invoke(main, [*SEARCH, "--tenant", "acme", *only_hr, *demo_cli_warehouse])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "no results\n", "")  # nothing said of rows
+
+
+READING_COMMANDS = [
+    [*SEARCH, "--tenant", "acme"],
+    ["audit", "verify"],
+    ["audit", "query"],
+    ["explain", "c1", "--as", "user:dave", "--tenant", "acme"],
+    ["forget", "acme-hr-001", "--reason", "r"],
+    ["optimize"],
+    ["lineage", "show", "acme-hr-001"],
+    ["apikey", "list"],
+]
+
+
+@pytest.mark.parametrize("command", READING_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_command_that_does_not_write_refuses_a_missing_warehouse_naming_it_and_creates_nothing(runner, tmp_path, command):
+    missing = tmp_path / "wrehouse"
+    result = runner.invoke(main, [*command, "--warehouse", str(missing)])
+    assert result.exit_code == 1 and f"no warehouse at {str(missing)!r}" in result.stderr, result.output
+    assert result.stdout == "" and not missing.exists()
+
+
+def test_a_warehouse_path_that_is_a_file_or_cannot_be_made_is_one_clear_line(runner, tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a warehouse")
+    for command in (["ingest", str(DEMO_CORPUS)], ["audit", "verify"]):
+        result = runner.invoke(main, [*command, "--warehouse", str(a_file)])
+        assert result.exit_code == 1 and result.stderr == f"Error: warehouse {str(a_file)!r} is a file, not a warehouse folder; name the folder instead\n"
+    under_a_file = a_file / "warehouse"
+    result = runner.invoke(main, ["ingest", str(DEMO_CORPUS), "--warehouse", str(under_a_file)])
+    assert result.exit_code == 1 and result.stderr.startswith(f"Error: cannot create warehouse folder {str(under_a_file)!r}: ")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_init_creates_an_empty_warehouse_that_the_other_commands_then_open(runner, warehouse_args):
+    assert runner.invoke(main, ["audit", "verify", *warehouse_args]).exit_code == 1
+    made = runner.invoke(main, ["init", *warehouse_args])
+    assert made.exit_code == 0 and made.stdout == f"warehouse ready at {warehouse_args[1]} (0 documents)\n"
+    assert runner.invoke(main, ["audit", "verify", *warehouse_args]).exit_code == 0
+    assert runner.invoke(main, ["ingest", str(DEMO_CORPUS), *warehouse_args]).exit_code == 0
+    assert runner.invoke(main, ["init", *warehouse_args]).stdout.endswith("(32 documents)\n")
 
 
 def test_ingest_exits_nonzero_when_an_input_is_rejected(runner, warehouse_args, tmp_path):
@@ -124,6 +195,16 @@ def test_policy_check_names_the_bad_line(runner, tmp_path):
     result = runner.invoke(main, ["policy", "check", str(bad)])
     assert result.exit_code == 1
     assert f"{bad}:3: effect 'maybe' is neither allow nor deny" in result.stderr
+
+
+def test_policy_check_names_every_bad_line_at_once(runner, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("p, group:finance, acme, label:pii, read, maybe\ng, user:alice, group:finance, acme\n"
+                   "q, user:alice\np, group:hr, acme, label:pii, write, allow\n")  # fmt: skip
+    result = runner.invoke(main, ["policy", "check", str(bad)])
+    assert result.exit_code == 1
+    named = [line.split(": ", 1)[0] for line in result.stderr.removeprefix("Error: ").splitlines()]
+    assert named == [f"{bad}:1", f"{bad}:3", f"{bad}:4"], result.stderr
 
 
 CAPPED_POLICY = """\
@@ -159,8 +240,8 @@ def test_policy_install_makes_searches_use_it(runner, warehouse_args):
     assert json.loads(result.stdout)
 
 
-def test_bad_search_arguments_exit_with_the_reason(runner, warehouse_args):
-    result = runner.invoke(main, ["search", "x", "--as", "alice", "--tenant", "acme", *warehouse_args])
+def test_bad_search_arguments_exit_with_the_reason(runner, empty_cli_warehouse):
+    result = runner.invoke(main, ["search", "x", "--as", "alice", "--tenant", "acme", *empty_cli_warehouse])
     assert result.exit_code == 1 and "not of the form user:NAME" in result.stderr
 
 
@@ -227,13 +308,82 @@ def test_derive_explain_sync_forget_from_the_command_line(runner, demo_cli_wareh
     changes = tmp_path / "sync.jsonl"
     changes.write_text(json.dumps({"id": "acme-hr-001", "tenant": "acme", "acl": {"allow": ["group:staff"]}, "labels": [], "classification": "internal"}) + "\n")
     synced = runner.invoke(main, ["sync", str(changes), *args])
-    assert synced.exit_code == 0 and "1 chunks, 1 derived rows" in synced.stdout
+    assert synced.exit_code == 0 and "1 chunk, 1 derived row" in synced.stdout
     assert first_chunk(runner, args, "acme-hr-001", "user:dave", "salary bands") == parent
 
     forgot = runner.invoke(main, ["forget", "acme-hr-001", "--reason", "test erasure", *args])
-    assert forgot.exit_code == 0 and "1 chunks, 1 derived rows" in forgot.stdout
+    assert forgot.exit_code == 0 and "1 chunk, 1 derived row" in forgot.stdout
     gone = runner.invoke(main, ["forget", "acme-hr-001", "--reason", "again", *args])
     assert gone.exit_code == 1 and "not found" in gone.stderr
+
+
+def readme_folder(root: Path, group: str, text: str) -> Path:
+    """A folder holding one README.md governed by its sidecar: readable by ``group`` in acme."""
+    root.mkdir()
+    (root / "README.md").write_text(text, encoding="utf-8")
+    (root / "README.md.acl.yaml").write_text(f"tenant: acme\nacl: {{allow: [\"{group}\"]}}\nclassification: internal\n")
+    return root
+
+
+def overridden_ingests(args: list[str]) -> list[dict]:
+    """What the receipts of the ingests that used an override say of it."""
+    from ragwarden.config import Settings
+    from ragwarden.warehouse import Warehouse
+
+    receipts = Warehouse(Settings(warehouse=args[1])).receipts(caller=None, operation="ingest")
+    return [{k: found.details[k] for k in ("overrides", "restored")} for found in receipts if "overrides" in found.details]
+
+
+def test_a_same_named_file_of_another_folder_is_refused_naming_both_sources_unless_moved_on_purpose(
+    runner, demo_cli_warehouse, tmp_path
+):
+    args = demo_cli_warehouse
+    first = readme_folder(tmp_path / "a", "group:staff", "The staff handbook: offsite on Friday.")
+    second = readme_folder(tmp_path / "b", "group:hr", "The HR handbook: salary review on Monday.")
+    assert runner.invoke(main, ["ingest", str(first), *args]).exit_code == 0
+    refused = runner.invoke(main, ["ingest", str(second), *args])
+    assert refused.exit_code == 1 and "0 documents written" in refused.stdout and "1 rejected" in refused.stdout
+    assert (first / "README.md").as_uri() in refused.stderr and (second / "README.md").as_uri() in refused.stderr
+    assert "--allow-move" in refused.stderr
+    hits = json.loads(runner.invoke(main, ["search", "handbook", "--as", "user:dave", "--tenant", "acme", "--json", *args]).stdout)
+    assert [hit["text"] for hit in hits if hit["doc_id"] == "README.md"] == ["The staff handbook: offsite on Friday."]
+
+    moved = runner.invoke(main, ["ingest", str(second), "--allow-move", *args])
+    assert moved.exit_code == 0 and "1 document written" in moved.stdout, moved.output
+    hits = json.loads(runner.invoke(main, ["search", "handbook", "--as", "user:dave", "--tenant", "acme", "--json", *args]).stdout)
+    assert "README.md" not in {hit["doc_id"] for hit in hits}  # now hr's, as asked
+    assert overridden_ingests(args) == [{"overrides": ["allow_move"], "restored": []}]
+
+
+def test_an_erased_document_stays_erased_when_its_ingest_runs_again_unless_restored_on_purpose(
+    runner, demo_cli_warehouse
+):
+    args = demo_cli_warehouse
+    assert runner.invoke(main, ["forget", "acme-hr-001", "--reason", "erasure request 42", *args]).exit_code == 0
+    again = runner.invoke(main, ["ingest", str(DEMO_CORPUS), *args])
+    assert again.exit_code == 1 and "0 documents written, 31 unchanged" in again.stdout and "1 rejected" in again.stdout
+    assert "'acme-hr-001' of tenant 'acme' was erased on" in again.stderr and "--restore-erased" in again.stderr
+    search = ["search", "salary bands", "--as", "user:alice", "--tenant", "acme", "--json", "-k", "50", *args]
+    assert "acme-hr-001" not in {hit["doc_id"] for hit in json.loads(runner.invoke(main, search).stdout)}
+
+    restored = runner.invoke(main, ["ingest", str(DEMO_CORPUS), "--restore-erased", "--json", *args])
+    assert restored.exit_code == 0, restored.output
+    assert json.loads(restored.stdout)["restored"] == [{"tenant": "acme", "id": "acme-hr-001"}]
+    assert overridden_ingests(args) == [{"overrides": ["restore_erased"], "restored": [["acme", "acme-hr-001"]]}]
+    assert "acme-hr-001" in {hit["doc_id"] for hit in json.loads(runner.invoke(main, search).stdout)}
+    assert runner.invoke(main, ["ingest", str(DEMO_CORPUS), *args]).exit_code == 0  # restored: its mark is lifted
+
+
+def test_a_corrupt_pdf_is_one_rejection_line_with_no_parser_chatter(tmp_path):
+    folder = tmp_path / "pdfs"
+    folder.mkdir()
+    (folder / "broken.pdf").write_bytes(b"%PDF-1.4\n1 0 obj garbage")
+    (folder / "broken.pdf.acl.yaml").write_text("tenant: acme\nacl: {allow: [everyone]}\nclassification: public\n")
+    script = Path(sys.executable).parent / "ragwarden"  # a process of its own: logging as a user's shell has it
+    result = subprocess.run([str(script), "ingest", str(folder), "--warehouse", str(tmp_path / "wh")],
+                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"rejected {folder / 'broken.pdf'}: unreadable PDF (PdfStreamError: Stream has ended unexpectedly)"]
 
 
 def test_token_mints_a_token_the_service_accepts(runner, warehouse_args, monkeypatch):
@@ -262,26 +412,26 @@ def test_token_without_a_configured_secret_says_what_to_set(runner, warehouse_ar
     assert "RAGWARDEN_JWT_SECRET" in result.output
 
 
-def test_apikey_create_list_revoke_keeps_only_the_hash(runner, warehouse_args):
+def test_apikey_create_list_revoke_keeps_only_the_hash(runner, empty_cli_warehouse):
     from ragwarden.api_keys import ApiKeys
     from ragwarden.errors import AuthenticationError
     from ragwarden.state.api_keys import ApiKeysTable
     from ragwarden.state.tables import connect
 
-    created = runner.invoke(main, ["apikey", "create", "--subject", "service:indexer", "--tenant", "acme", *warehouse_args])
+    created = runner.invoke(main, ["apikey", "create", "--subject", "service:indexer", "--tenant", "acme", *empty_cli_warehouse])
     assert created.exit_code == 0, created.output
     key = created.output.strip()
     key_id, _, secret = key.removeprefix("rwk_").partition(".")
-    keys = ApiKeys(ApiKeysTable(connect(warehouse_args[1])))
+    keys = ApiKeys(ApiKeysTable(connect(empty_cli_warehouse[1])))
     assert keys.verify(key).subject == "service:indexer"
 
-    listed = runner.invoke(main, ["apikey", "list", *warehouse_args])
+    listed = runner.invoke(main, ["apikey", "list", *empty_cli_warehouse])
     assert json.loads(listed.output)["key_id"] == key_id
     assert secret not in listed.output
-    stored = connect(warehouse_args[1]).open_table("api_keys").to_arrow().to_pylist()
+    stored = connect(empty_cli_warehouse[1]).open_table("api_keys").to_arrow().to_pylist()
     assert all(secret not in json.dumps(row, default=str) for row in stored)
 
-    revoked = runner.invoke(main, ["apikey", "revoke", key_id, *warehouse_args])
+    revoked = runner.invoke(main, ["apikey", "revoke", key_id, *empty_cli_warehouse])
     assert revoked.exit_code == 0, revoked.output
     with pytest.raises(AuthenticationError, match="revoked"):
         keys.verify(key)

@@ -252,14 +252,18 @@ def test_an_id_longer_than_any_id_is_422_naming_it(as_user):
     assert "item_id" in error_of(as_user("carol").get(f"/v1/lineage/{'x' * 513}"), 422, "invalid_request")
 
 
-def test_whoami_names_the_subject_and_tenant_of_the_credential(as_user):
+def test_whoami_names_the_subject_and_tenant_of_the_credential_and_its_rights_without_a_receipt(as_user, demo_warehouse):
+    before = demo_warehouse.audit.count()
     assert as_user("erin", tenant="globex").get("/v1/whoami").json() == {
         "subject": "user:erin",
         "tenant": "globex",
         "actor": None,
         "method": "jwt",
         "groups": [],
+        "rights": ["derive"],  # what the demo policy grants erin in globex
     }
+    assert "audit" in as_user("carol").get("/v1/whoami").json()["rights"]
+    assert demo_warehouse.audit.count() == before  # reading one's rights reads no row and leaves no receipt
 
 
 # ---------------------------------------------------------------- writes, on fresh warehouses
@@ -325,6 +329,13 @@ def test_an_admin_forgets_a_document_and_everything_of_it(small_service, bearer,
     assert (tombstone["subject"], tombstone["reason"], tombstone["erased"]["chunks"]) == ("user:admin", "erasure request 42", [chunk_id])
     assert tombstone["versions_left"] == {"chunks": 1, "sources": 1}
     assert small_warehouse.store.chunks.chunk_ids_of("acme-memo") == []
+
+    record = {"id": "acme-memo", "text": "The memo, sent again by a connector.", "acl": {"allow": ["everyone"]},
+              "classification": "public"}  # fmt: skip
+    again = small_service.post("/v1/ingest", json={"records": [record]}, headers=bearer("admin")).json()
+    assert again["written"] == [] and "was erased on" in again["rejected"][0]["reason"]  # the erasure holds
+    restored = small_service.post("/v1/ingest", json={"records": [record], "restore_erased": True}, headers=bearer("admin"))
+    assert restored.json()["restored"] == ["acme-memo"] and restored.json()["written"] == ["acme-memo"]
 
 
 def test_forget_with_a_reason_the_audit_cannot_record_is_refused_before_anything_is_erased(

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,14 +25,17 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 from support.demo_world import demo_world
+from support.live_server import serving
 from support.mcp_clients import mcp_over_http
 from support.readme import README_SERVICE, readme_block
 
-from ragwarden.api.mcp_server import LOCAL_SESSION, SessionUnions, build_mcp_server
+from ragwarden.api.http import create_app
+from ragwarden.api.mcp_server import LOCAL_SESSION, SERVER_NAME, SessionUnions, build_mcp_server
 from ragwarden.api_keys import ApiKeys
-from ragwarden.config import AuthSettings
+from ragwarden.config import AuthSettings, Settings
 from ragwarden.credentials import Authenticator
 from ragwarden.embedder import Embedder
+from ragwarden.errors import ConfigurationError
 from ragwarden.governance.caller import Identity
 from ragwarden.governance.tags import Classification
 from ragwarden.retrieval.hits import Hit
@@ -325,6 +328,26 @@ async def test_the_readme_client_configuration_reaches_the_tools_both_ways(
 
 
 @pytest.mark.anyio
+async def test_the_readme_python_client_searches_as_the_user_over_stdio_and_streamable_http(
+    demo_warehouse: Warehouse, demo_service_url: str, auth_settings: AuthSettings, mint: Callable[..., str],
+    onnx_worker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The README's Python snippet, run as written: its two functions search as alice (who reads
+    finance) and as dave (who does not), over stdio and over HTTP alike."""
+    snippet: dict[str, Any] = {}
+    exec(readme_block("search_over_stdio"), snippet)  # noqa: S102 - the README's own example
+    for name, value in (_stdio_env(auth_settings, None) | onnx_worker_env).items():
+        monkeypatch.setenv(name, value)  # what the reader's shell holds: the service's JWT settings
+    monkeypatch.setenv("PATH", f"{RAGWARDEN.parent}{os.pathsep}{os.environ.get('PATH', '')}")  # `ragwarden` as installed
+    url = f"{demo_service_url}/mcp/"
+    for user, reads_finance in (("alice", True), ("dave", False)):
+        token = mint(user)
+        over_stdio = await snippet["search_over_stdio"](token, demo_warehouse.uri, FINANCE_QUERY)
+        over_http = await snippet["search_over_http"](token, FINANCE_QUERY, url)
+        assert _docs(over_stdio) == _docs(over_http) and ("acme-fin-001" in _docs(over_http)) is reads_finance
+
+
+@pytest.mark.anyio
 async def test_the_stdio_server_answers_before_it_loads_a_model(
     demo_warehouse: Warehouse, auth_settings: AuthSettings, mint: Callable[..., str], onnx_worker_env: dict[str, str]
 ) -> None:
@@ -395,16 +418,69 @@ def test_http_without_a_valid_token_is_refused_with_401(demo_service_url: str, m
             assert response.headers["www-authenticate"].startswith("Bearer")
 
 
-def test_http_refuses_unknown_hosts_against_dns_rebinding(demo_service_url: str, mint: Callable[..., str]) -> None:
+def _initialize(url: str, token: str, *, host: str, origin: str | None = None) -> httpx.Response:
+    """An MCP ``initialize`` POSTed to ``url``'s ``/mcp/`` as if addressed to ``host`` (and sent
+    from a page of ``origin``): what a client reaching the server under that name sends first."""
     hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}
     body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
-    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {mint('alice')}"}
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {token}", "Host": host}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        return http.post("/mcp/", json=body, headers=headers | ({"Origin": origin} if origin else {}))
+
+
+def test_http_refuses_unknown_hosts_against_dns_rebinding(demo_service_url: str, mint: Callable[..., str]) -> None:
     port = demo_service_url.rsplit(":", 1)[1]
-    with httpx.Client(base_url=demo_service_url, timeout=30) as http:
-        rebound = http.post("/mcp/", json=body, headers=headers | {"Host": f"attacker.example:{port}"})
-        local = http.post("/mcp/", json=body, headers=headers | {"Host": f"localhost:{port}"})
+    rebound = _initialize(demo_service_url, mint("alice"), host=f"attacker.example:{port}")
+    local = _initialize(demo_service_url, mint("alice"), host=f"localhost:{port}")
     assert rebound.status_code == 421
     assert local.status_code == 200, local.text
+
+
+PUBLIC_HOST = "rag.example.com"
+
+
+@pytest.fixture(scope="module")
+def public_service_url(demo_warehouse: Warehouse, auth_settings: AuthSettings) -> Iterator[str]:
+    """The demo warehouse served as behind a TLS proxy at rag.example.com, which
+    RAGWARDEN_ALLOWED_HOSTS names (any port too)."""
+    env = {"RAGWARDEN_ALLOWED_HOSTS": f"{PUBLIC_HOST}, {PUBLIC_HOST}:*"}
+    settings = Settings.from_env(env, warehouse=demo_warehouse.uri, auth=auth_settings)
+    with serving(create_app(settings, warehouse=demo_warehouse)) as url:
+        yield url
+
+
+def test_a_public_host_is_refused_by_default_and_served_once_allowed_hosts_names_it(
+    demo_service_url: str, public_service_url: str, mint: Callable[..., str]
+) -> None:
+    token = mint("alice")
+    by_default = _initialize(demo_service_url, token, host=PUBLIC_HOST)
+    named = _initialize(public_service_url, token, host=PUBLIC_HOST)
+    named_with_port = _initialize(public_service_url, token, host=f"{PUBLIC_HOST}:8443",
+                                  origin=f"https://{PUBLIC_HOST}:8443")  # fmt: skip
+    from_its_page = _initialize(public_service_url, token, host=PUBLIC_HOST, origin=f"https://{PUBLIC_HOST}")
+    assert by_default.status_code == 421
+    for served in (named, named_with_port, from_its_page):
+        assert served.status_code == 200, served.text
+        assert '"serverInfo"' in served.text and f'"name":"{SERVER_NAME}"' in served.text.replace(" ", "")
+
+
+def test_allowed_hosts_keep_the_dns_rebinding_protection_for_every_other_name(
+    public_service_url: str, mint: Callable[..., str]
+) -> None:
+    token = mint("alice")
+    rebound = _initialize(public_service_url, token, host="attacker.example")
+    lookalike = _initialize(public_service_url, token, host=f"{PUBLIC_HOST}.attacker.example")
+    foreign_page = _initialize(public_service_url, token, host=PUBLIC_HOST, origin="https://attacker.example")
+    assert rebound.status_code == lookalike.status_code == 421
+    assert foreign_page.status_code == 403
+
+
+def test_allowed_hosts_refuses_what_no_host_header_could_match() -> None:
+    assert Settings.from_env({"RAGWARDEN_ALLOWED_HOSTS": " rag.example.com ,, [::1]:*"}).allowed_hosts == (
+        "rag.example.com", "[::1]:*")  # fmt: skip
+    for wrong in ("https://rag.example.com", "rag.example.com/mcp", "*", "*.example.com", "rag example.com"):
+        with pytest.raises(ConfigurationError, match=r"RAGWARDEN_ALLOWED_HOSTS: .* is not a host"):
+            Settings.from_env({"RAGWARDEN_ALLOWED_HOSTS": wrong})
 
 
 @pytest.mark.anyio

@@ -115,7 +115,7 @@ def test_a_file_no_rule_matches_is_rejected_as_ungoverned(folder_with_manifest: 
 def test_files_without_manifest_or_sidecar_are_rejected(ungoverned_folder: Path) -> None:
     outcomes = list(iter_file_sources([ungoverned_folder]))
     assert [type(o) for o in outcomes] == [Rejected, Rejected]
-    assert all("no governance" in o.reason for o in outcomes)
+    assert all("no governance" in o.reason and "--acl-from posix" in o.reason for o in outcomes)
 
 
 def test_a_sidecar_replaces_the_matching_manifest_rule_whole(folder_with_sidecar: Path) -> None:
@@ -208,12 +208,12 @@ def test_a_second_file_with_an_id_already_used_in_the_run_is_rejected(folder_wit
 # --- refusals of the bytes -------------------------------------------------------------------
 
 
-def test_a_file_over_the_cap_is_rejected_naming_its_size_and_the_cap(folder_with_manifest: Path) -> None:
+def test_a_file_over_the_cap_is_rejected_naming_its_size_the_cap_and_the_setting(folder_with_manifest: Path) -> None:
     folder = folder_with_manifest
     outcome = only(iter_file_sources([folder / "guide.md"], manifest=folder / "manifest.yaml", max_bytes=5))
     assert isinstance(outcome, Rejected)
     assert outcome.source == str(folder / "guide.md")
-    assert "13 bytes" in outcome.reason and "5 bytes" in outcome.reason
+    assert "13 bytes" in outcome.reason and "5 bytes" in outcome.reason and "RAGWARDEN_MAX_FILE_BYTES" in outcome.reason
 
 
 def test_a_text_file_with_a_nul_byte_is_rejected_as_binary(folder_with_manifest: Path) -> None:

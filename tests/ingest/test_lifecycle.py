@@ -231,3 +231,26 @@ def test_a_derive_racing_the_erasure_of_its_parent_is_refused_and_leaves_no_row(
     with pytest.raises(NotFoundError):
         wh.derive("Office closes early Friday.", parents=[parent], subject="user:alice", tenant="acme")
     assert [r for r in raw_table(wh.store).search().select(["chunk_id", "kind"]).limit(None).to_list() if r["kind"] != "chunk"] == []
+
+
+def test_an_erasure_cut_short_still_keeps_an_ingest_from_bringing_the_document_back(lifecycle_warehouse, monkeypatch):
+    wh = lifecycle_warehouse
+
+    def cut(*_: object, **__: object) -> None:
+        raise WarehouseError("the process died here")
+
+    monkeypatch.setattr(type(wh.store.chunks), "write", cut)
+    with pytest.raises(WarehouseError):
+        wh.forget("fin", tenant="acme", reason="erasure request 7")
+    monkeypatch.undo()
+    report = wh.ingest_records([doc("fin", "Q3 revenue grew twelve percent.", ["group:finance"], ["finance"], "confidential")])
+    assert report.documents == 0 and [r.reason.split(" was erased")[0] for r in report.rejected] == ["'fin' of tenant 'acme'"]
+    assert wh.forget("fin", tenant="acme", reason="erasure request 7, again").chunks == 1  # the erasure completes
+
+
+def test_an_erasure_mark_is_per_tenant_and_another_tenants_document_of_that_id_is_written(lifecycle_warehouse):
+    wh = lifecycle_warehouse
+    wh.forget("staff", tenant="acme", reason="test")
+    report = wh.ingest_records([{**doc("staff", "Globex staff note.", ["group:staff"]), "tenant": "globex"}])
+    assert (report.documents, report.rejected) == (1, ())
+    assert wh.store.erasures.of([("acme", "staff"), ("globex", "staff")]).keys() == {("acme", "staff")}

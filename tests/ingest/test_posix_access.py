@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from support.raw_tables import raw_table
 
-from ragwarden.ingest.files import iter_file_sources
 from ragwarden.ingest import records
+from ragwarden.ingest.files import iter_file_sources
 from ragwarden.ingest.posix_access import ACL_XATTR, NFS4_ACL_XATTR, AclEntry, Tag, parse_acl_xattr, posix_readers
 from ragwarden.ingest.records import Rejected, SourceRecord
 

@@ -125,13 +125,15 @@ def test_two_ingests_of_a_document_without_chunks_at_once_leave_only_the_later_c
     narrower = make_record(text="Final: the travel budget is for finance only.")
     notes: list[str] = []
 
+    restore = state == "just erased"  # both ingests bring the erased document back on purpose
+
     def rival() -> None:  # ingests the document, and derives a note from it, between our plan and commit
-        assert replica.ingest_records([wider]).ok
+        assert replica.ingest_records([wider], restore_erased=restore).ok
         parent = replica.store.chunks.chunk_ids_of("doc-1", "acme")
         notes.append(replica.derive("Travel is open.", parents=parent, subject="user:alice", tenant="acme").chunk_id)
 
     racing(wh, monkeypatch, rival)
-    assert wh.ingest_records([narrower]).ok
+    assert wh.ingest_records([narrower], restore_erased=restore).ok
     assert notes, "the rival committed between our plan and our commit"
     rows = chunk_rows(wh, "doc-1")
     assert [r["text"] for r in rows] == [narrower["text"]]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,3 +70,14 @@ class MotoS3:
             return bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
         except client.exceptions.NoSuchKey:
             return b""
+
+
+@contextmanager
+def s3_holding(bucket: str) -> Iterator[MotoS3]:
+    """moto's S3 server on 127.0.0.1 holding ``bucket``, stopped when the block ends."""
+    server = MotoS3().start()
+    try:
+        server.create_bucket(bucket)
+        yield server
+    finally:
+        server.stop()
