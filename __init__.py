@@ -23,7 +23,7 @@ from .errors import (
     RagwardenError,
     WarehouseError,
 )
-from .governance.audit import ChainReport, Receipt, StoredReceipt
+from .governance.audit import ArchiveReport, ChainReport, Receipt, StoredReceipt
 from .governance.caller import Caller, Identity
 from .governance.explain import Explanation
 from .governance.operations import Operation
@@ -35,12 +35,14 @@ from .ingest.records import Rejected, Skipped
 from .retrieval.hits import Hit
 from .retrieval.manifest import ContextManifest
 from .retrieval.review import AccessReview
-from .state import IndexReport
+from .state import Backup, IndexReport, RestoreReport
 from .warehouse import Warehouse, open
 
 __all__ = [
     "AccessReview",
+    "ArchiveReport",
     "AuthenticationError",
+    "Backup",
     "Caller",
     "ChainReport",
     "Classification",
@@ -70,6 +72,7 @@ __all__ = [
     "RagwardenError",
     "Receipt",
     "Rejected",
+    "RestoreReport",
     "Settings",
     "Skipped",
     "StoredReceipt",

@@ -170,7 +170,9 @@ class Settings:
     """Where the warehouse and policy are, and the knobs of ingest.
 
     ``policy`` is a Casbin policy CSV; None means the warehouse's own installed policy.
-    ``audit_key`` makes audit hashes HMACs; ``audit_raw_queries`` keeps raw queries in receipts.
+    ``audit_key`` makes audit hashes HMACs; ``audit_retired_keys`` are keys rotated out, which
+    only verify the chains written under them; ``audit_key_seal`` is the root of the checkpoint
+    that fences them (``governance.audit.KeyRing``); ``audit_raw_queries`` keeps raw queries in receipts.
     ``openlineage_env`` is the ``OPENLINEAGE*`` environment (transport configuration);
     ``lineage_dir`` holds the lineage spool (default: ``_lineage`` in a local warehouse).
     ``auth`` is how the HTTP and MCP services verify credentials.
@@ -223,6 +225,8 @@ class Settings:
     write_batch_docs: int = 64
     embed_window_docs: int = 512
     audit_key: bytes | None = field(default=None, repr=False)
+    audit_retired_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    audit_key_seal: str | None = None
     audit_raw_queries: bool = False
     lineage_dir: Path | None = None
     openlineage_env: Mapping[str, str] = field(default_factory=dict)
@@ -274,6 +278,16 @@ class Settings:
             values["data_dir"] = Path(env["RAGWARDEN_DATA"])
         if env.get("RAGWARDEN_AUDIT_KEY"):
             values["audit_key"] = env["RAGWARDEN_AUDIT_KEY"].encode("utf-8")
+        if env.get("RAGWARDEN_AUDIT_RETIRED_KEYS"):
+            try:
+                retired = json.loads(env["RAGWARDEN_AUDIT_RETIRED_KEYS"])
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(f"RAGWARDEN_AUDIT_RETIRED_KEYS is not JSON: {exc.msg}") from None
+            if not isinstance(retired, list) or not all(isinstance(key, str) and key for key in retired):
+                raise ConfigurationError('RAGWARDEN_AUDIT_RETIRED_KEYS must be a JSON list of keys, e.g. ["the old key"]')
+            values["audit_retired_keys"] = tuple(key.encode("utf-8") for key in retired)
+        if env.get("RAGWARDEN_AUDIT_KEY_SEAL"):
+            values["audit_key_seal"] = env["RAGWARDEN_AUDIT_KEY_SEAL"].strip()
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
         if env.get("RAGWARDEN_SERVER_TIMING"):

@@ -32,7 +32,7 @@ from .errors import (
     WarehouseError,
 )
 from .gate import ANY_TENANT, OPERATOR, Need, Permission, PermissionGate
-from .governance.audit import ChainReport, StoredReceipt, fingerprint, probe_ids
+from .governance.audit import ArchiveReport, ChainReport, StoredReceipt, fingerprint, probe_ids
 from .governance.caller import Caller, asker, caller_of, required_caller
 from .governance.compiler import SubjectView
 from .governance.explain import Explanation, explain_row, not_visible
@@ -93,7 +93,8 @@ class Warehouse:
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options,
                            create=create)  # fmt: skip
         self._check_embedding_model()
-        self.audit = AuditLog(self.store.audit_table, key=settings.audit_key)
+        self.audit = AuditLog(self.store.audit_table, key=settings.audit_key, retired_keys=settings.audit_retired_keys,
+                              seal=settings.audit_key_seal)  # fmt: skip
         self.openlineage = self._lineage_emitter()
         if settings.policy:
             self._policy = PolicyInForce.from_file(settings.policy)
@@ -992,6 +993,39 @@ class Warehouse:
             touched=lambda _: self._every_tenant(),
             neutral=True,
         )
+
+    def archive_audit(self, *, before: datetime, folder: PathLike) -> ArchiveReport:
+        """Seal the receipts written before ``before`` and move them into ``folder`` (an empty or
+        new local folder: ``receipts.parquet`` and ``seal.json``), as the operator, receipted in
+        every tenant (``AuditLog.archive``). Record the seal's root outside the warehouse."""
+        target = Path(folder)
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise InvalidRequestError(f"archive folder {str(target)!r} must be new or empty")
+
+        def write(name: str, data: bytes) -> None:
+            target.mkdir(parents=True, exist_ok=True)
+            (target / name).write_bytes(data)
+
+        return self._gate.run(
+            Operation.ADMIN, None, Need.GRANT, lambda _: self.audit.archive(before, write),
+            lambda done: {"reason": f"archived {done.receipts} audit receipts of {done.chains} chains written before "
+                                    f"{before.isoformat()} under seal {done.seal.root}"},
+            touched=lambda _: self._every_tenant(),
+            neutral=True,
+        )  # fmt: skip
+
+    def verify_audit_archive(self, folder: PathLike) -> ChainReport:
+        """Whether the archive in ``folder`` is whole and sealed by this log (``AuditLog.verify_archive``);
+        as the operator, receipted in every tenant."""
+        source = Path(folder)
+        if not (source / "seal.json").is_file():
+            raise NotFoundError(f"{str(source)!r} holds no audit archive (no seal.json)")
+        return self._gate.run(
+            Operation.AUDIT, None, Need.AUDIT, lambda _: self.audit.verify_archive(lambda name: (source / name).read_bytes()),
+            lambda report: {"reason": f"audit archive verify: {'intact' if report.ok else 'broken'} ({report.receipts} receipts)"},
+            touched=lambda _: self._every_tenant(),
+            neutral=True,
+        )  # fmt: skip
 
 
 def open(  # noqa: A001 - the public name is fixed by the API

@@ -288,6 +288,34 @@ def audit_verify(expect_head: str | tuple[int, str] | None, settings: Settings) 
         sys.exit(1)
 
 
+@audit.command("archive")
+@click.option("--before", required=True, type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z"]),
+              help="Archive the receipts written before this time (UTC unless it names an offset).")  # fmt: skip
+@click.option("--to", "folder", required=True, type=click.Path(file_okay=False), help="A new or empty folder for the archive.")
+@_common_options
+def audit_archive(before: datetime, folder: str, settings: Settings) -> None:
+    """Seal the receipts written before --before and move them to FOLDER (receipts.parquet and
+    seal.json): the log verifies on from the seal, and the archive verifies alone against it.
+    Refused unless the whole log verifies first. Record the printed seal outside the warehouse."""
+    moment = before if before.tzinfo else before.replace(tzinfo=timezone.utc)
+    done = existing(settings).archive_audit(before=moment, folder=Path(folder))
+    click.echo(f"archived {plural(done.receipts, 'receipt')} of {plural(done.chains, 'chain')} to {folder}; seal {done.seal.root}")
+
+
+@audit.command("verify-archive")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@_common_options
+def audit_verify_archive(folder: str, settings: Settings) -> None:
+    """Check an archive made by `audit archive`: every receipt's hash, each chain linked up to the
+    head its seal binds, and the seal among this warehouse's (exit 1 on any problem)."""
+    report = existing(settings).verify_audit_archive(Path(folder))
+    for problem in report.problems:
+        click.echo(problem, err=True)
+    click.echo(f"{plural(report.receipts, 'receipt')} in {plural(report.chains, 'chain')}, {'intact' if report.ok else 'TAMPERED'}")
+    if not report.ok:
+        sys.exit(1)
+
+
 @audit.command("query")
 @click.option("--chunk", "chunk_id", help="Receipts that returned or touched this chunk id.")
 @click.option("--doc", "doc_id", help="Receipts about this document id.")

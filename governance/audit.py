@@ -365,6 +365,9 @@ class ChainTally:
     have: int = 0
     want: int = 0
     genesis_ok: bool = True
+    start: tuple[int, str] = (0, GENESIS_HASH)
+    """Where the chain starts: before it, genesis; after a retention seal, the head the seal binds
+    (the receipts up to it were archived, and the first one kept links to it)."""
 
     def add(self, seq: int, digest: str, prev: str) -> None:
         self.count += 1
@@ -378,9 +381,15 @@ class ChainTally:
             self.want += link_digest(seq - 1, prev)
 
     def intact(self) -> bool:
+        first, from_hash = self.start
+        if first == 0:
+            return (
+                self.genesis_ok and self.low == 1 and self.count == self.head[0]
+                and self.have - link_digest(*self.head) == self.want
+            )  # fmt: skip
         return (
-            self.genesis_ok and self.low == 1 and self.count == self.head[0]
-            and self.have - link_digest(*self.head) == self.want
+            self.low == first + 1 and self.count == self.head[0] - first
+            and self.have - link_digest(*self.head) + link_digest(first, from_hash) == self.want
         )  # fmt: skip
 
 
@@ -435,6 +444,85 @@ class ReceiptHasher:
         return Checkpoint(root=root, time=moment, receipts=receipts, heads=listed, hash=digest)
 
 
+@dataclass(frozen=True)
+class KeyRing:
+    """The audit key writers hash with (``current``) and the keys rotated out (``retired``), which
+    only verify: the chains written under them stay verifiable after a rotation. Each chain is
+    one writer's, hashed under one key for its whole length; verify finds that key from the
+    chain's receipts. ``seal``, the root of a checkpoint taken once every writer ran the current
+    key, fences the retired keys: a chain under one of them must be bound by that checkpoint and
+    end at the head it binds, so a retired key that leaks can neither start a chain nor extend one."""
+
+    current: ReceiptHasher
+    retired: tuple[ReceiptHasher, ...] = ()
+    seal: str | None = None
+
+    @classmethod
+    def of(cls, key: bytes | None, retired: Iterable[bytes] = (), seal: str | None = None) -> KeyRing:
+        ring = cls(current=ReceiptHasher(key), retired=tuple(ReceiptHasher(old) for old in retired), seal=seal)
+        checks = [hasher.key_check for hasher in ring.hashers]
+        if len(set(checks)) != len(checks):
+            raise ConfigurationError("an audit key is listed twice (as the key and a retired key, or twice retired)")
+        if seal is not None and not HEX64.fullmatch(seal):
+            raise ConfigurationError(f"the audit key seal {seal!r} is not a checkpoint root (64 lowercase hex digits)")
+        return ring
+
+    @property
+    def hashers(self) -> tuple[ReceiptHasher, ...]:
+        return (self.current, *self.retired)
+
+    def key_problem(self, recorded: str | None) -> str | None:
+        """What is wrong with this ring for a table that recorded ``recorded`` (None: nothing):
+        the table's key must be the current key or one retired."""
+        if recorded is None or any(recorded == hasher.key_check for hasher in self.hashers):
+            return None
+        problem = self.current.key_problem(recorded)
+        return f"{problem} (nor any retired key)" if self.retired else problem
+
+    def key_of(self, row: Mapping[str, Any]) -> ReceiptHasher | None:
+        """The key ``row``'s hash was made with, of this ring; None when no key gives it."""
+        for hasher in self.hashers:
+            try:
+                if hasher.hash(row) == row["hash"]:
+                    return hasher
+            except (TypeError, ValueError, KeyError):
+                return None
+        return None
+
+    def intact(self, checkpoint: Checkpoint) -> bool:
+        """Whether a checkpoint's root and hash match its heads, under any key of the ring."""
+        return any(hasher.intact(checkpoint) for hasher in self.hashers)
+
+    def sealed_problems(self, retired_heads: Mapping[str, tuple[int, str]], checkpoints: Sequence[Checkpoint]) -> list[str]:
+        """What breaks the seal: a chain under a retired key that the seal's checkpoint does not
+        bind, or that no longer ends at the head it binds. No seal configured: nothing."""
+        if self.seal is None or not retired_heads:
+            return []
+        found = [c for c in checkpoints if c.root == self.seal and merkle_root(c.heads) == c.root]
+        if not found:
+            return [f"audit key seal {self.seal[:16]}: no checkpoint of that root is in the log"]
+        bound = {chain: (seq, digest) for chain, seq, digest in found[-1].heads}
+        problems = []
+        for chain, head in sorted(retired_heads.items()):
+            if chain not in bound:
+                problems.append(f"chain {chain}: hashed with a retired audit key but not bound by the seal "
+                                "(started after the rotation: written with a retired key)")  # fmt: skip
+            elif bound[chain] != head:
+                problems.append(f"chain {chain}: hashed with a retired audit key and changed since the seal "
+                                f"(the seal binds seq {bound[chain][0]}, the chain ends at seq {head[0]})")  # fmt: skip
+        return problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchiveReport:
+    """What an archive of the audit log moved out: how many receipts of how many chains, and the
+    seal that binds each chain's last archived receipt (record its root outside)."""
+
+    seal: Checkpoint
+    receipts: int
+    chains: int
+
+
 def checkpoint_of(row: Mapping[str, Any]) -> Checkpoint:
     """A checkpoint as the table stores it (``heads`` as canonical JSON)."""
     try:
@@ -476,12 +564,13 @@ def stored_receipt(row: Mapping[str, Any]) -> StoredReceipt:
         ) from exc
 
 
-def broken_links(chain: str, links: Iterable[Mapping[str, Any]]) -> list[str]:
+def broken_links(chain: str, links: Iterable[Mapping[str, Any]], start: tuple[int, str] = (0, GENESIS_HASH)) -> list[str]:
     """What exactly is wrong with the links of a chain (``links``: its rows' seq, hash and
-    prev_hash, in seq order) that a streamed pass found broken."""
+    prev_hash, in seq order) that a streamed pass found broken; ``start``, the head a retention
+    seal binds for it (its receipts up to that one archived)."""
     problems: list[str] = []
-    expected_seq, expected_prev, prev_seq = 1, GENESIS_HASH, None
-    for row in links:
+    expected_seq, expected_prev, prev_seq = start[0] + 1, start[1], None
+    for row in (row for row in links if row["seq"] > start[0]):
         seq = row["seq"]
         if seq < expected_seq:
             problems.append(f"{place(chain, seq)}: appears more than once (a receipt was inserted or renumbered)")
@@ -490,7 +579,8 @@ def broken_links(chain: str, links: Iterable[Mapping[str, Any]]) -> list[str]:
             problems.append(f"{place(chain, missing)}: missing (deleted or renumbered)")
         if row["prev_hash"] != expected_prev:
             if prev_seq is None:
-                problems.append(f"{place(chain, seq)}: first receipt's prev_hash is not the genesis value (64 zeros)")
+                problems.append(f"{place(chain, seq)}: first receipt's prev_hash is not "
+                                + ("the genesis value (64 zeros)" if start[0] == 0 else f"the sealed head (seq {start[0]})"))  # fmt: skip
             else:
                 problems.append(f"{place(chain, seq)}: prev_hash is not the hash of the receipt before it (seq {prev_seq})")
         expected_seq, expected_prev, prev_seq = seq + 1, row["hash"], seq

@@ -19,6 +19,8 @@ which they commute with. The warehouse's ``optimize`` does the same.
 from __future__ import annotations
 
 import atexit
+import io
+import json
 import logging
 import os
 import secrets
@@ -30,21 +32,27 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
-from ..errors import ConfigurationError, InvalidRequestError
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import ConfigurationError, InvalidRequestError, NotFoundError, WarehouseError
 from ..governance.audit import (
     GENESIS_HASH,
     HEX64,
     LEGACY_CHAIN,
     PLACED,
+    ArchiveReport,
     ChainHead,
     ChainReport,
     ChainTally,
     Checkpoint,
+    KeyRing,
     Prepared,
     Receipt,
     ReceiptHasher,
     StoredReceipt,
     broken_links,
+    canonical_json,
     checkpoint_of,
     checkpoint_row,
     joined_payload,
@@ -55,6 +63,7 @@ from ..governance.audit import (
 )
 from ..governance.sql import sql_list, sql_string, sql_timestamp
 from ..group_commit import GroupCommit
+from .commit_retry import is_missing_file
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +78,7 @@ ORPHAN_SWEEP_S = 60.0
 PRUNE_EVERY_S = 10.0
 """How often a writer's compactions also drop old versions: pruning reads every version's manifest."""
 CHECKPOINT_SLACK = timedelta(minutes=10)
+VERIFY_ATTEMPTS = 3
 """How far before the latest checkpoint a new one looks for receipts (clocks of writers differ)."""
 
 
@@ -141,6 +151,8 @@ class AuditLog:
         table_for: Callable[[str], ReceiptTable],
         *,
         key: bytes | None = None,
+        retired_keys: Sequence[bytes] = (),
+        seal: str | None = None,
         compact_every: int | None = COMPACT_EVERY,
         checkpoint_every: int | None = CHECKPOINT_EVERY,
     ) -> None:
@@ -148,7 +160,8 @@ class AuditLog:
         value of ``key``) if it creates it (``state.Store.audit_table``). A writer merges the
         table's small files every ``compact_every`` of its receipts and takes a checkpoint every
         ``checkpoint_every`` (None: never)."""
-        self._hasher = ReceiptHasher(key)
+        self._keys = KeyRing.of(key, retired_keys, seal)  # the key writers hash with, and those rotated out
+        self._hasher = self._keys.current
         for name, every in (("compact_every", compact_every), ("checkpoint_every", checkpoint_every)):
             if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
                 raise ConfigurationError(f"{name} must be a positive int or None, got {every!r}")
@@ -169,7 +182,7 @@ class AuditLog:
         self._swept_at = float("-inf")
 
     def _key_problem(self) -> str | None:
-        return self._hasher.key_problem(self._table.recorded_key_check())
+        return self._keys.key_problem(self._table.recorded_key_check())
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -281,7 +294,7 @@ class AuditLog:
         heads: dict[str, tuple[int, str]] = {}
         where = None
         latest = checkpoint_of(stored[-1]) if stored else None
-        if latest is not None and self._hasher.intact(latest):
+        if latest is not None and self._keys.intact(latest):
             heads = {chain: (seq, digest) for chain, seq, digest in latest.heads}
             where = f"time >= {sql_timestamp(latest.time - CHECKPOINT_SLACK, 'since')}"
         for chain, (seq, digest) in self._table.heads(where).items():
@@ -346,6 +359,20 @@ class AuditLog:
     # -- verifying ------------------------------------------------------------------------
 
     def verify(self, *, expect_head: str | tuple[int, str] | None = None, checkpoint: bool = True) -> ChainReport:
+        """See ``_verify``. Read-only, so a pass that meets a file another writer's compaction
+        pruned from under it (the version it opened was replaced meanwhile) reads again, from the
+        latest version, at most ``VERIFY_ATTEMPTS`` times."""
+        attempt = 1
+        while True:
+            try:
+                return self._verify(expect_head=expect_head, checkpoint=checkpoint)
+            except Exception as exc:
+                if attempt >= VERIFY_ATTEMPTS or not is_missing_file(exc):
+                    raise
+                log.info("audit verify read a file pruned meanwhile; reading again: %s", exc)
+                attempt += 1
+
+    def _verify(self, *, expect_head: str | tuple[int, str] | None = None, checkpoint: bool = True) -> ChainReport:
         """Recompute every hash and link of every chain, streaming the log (memory grows with the
         number of chains, not receipts); report each receipt that is edited, missing, extra or out
         of place. A tail cut off the end is visible only against a checkpoint taken before: the
@@ -361,26 +388,36 @@ class AuditLog:
             return ChainReport(ok=False, receipts=self._table.count(), problems=tuple(problems))
         problems.extend(self._table.journal_problems())
 
+        sealed = self._sealed_heads(problems)  # per chain, the last receipt archived
         anchors = self._anchors(expect_head, problems)
-        wanted = {(chain, seq): (digest, name) for name, heads in anchors for chain, seq, digest in heads}
+        wanted = {(chain, seq): (digest, name) for name, heads in anchors for chain, seq, digest in heads
+                  if seq > sealed.get(chain, (0, ""))[0]}  # fmt: skip
         tallies: dict[str, ChainTally] = {}
+        chain_keys: dict[str, ReceiptHasher] = {}  # the key each chain is hashed with, found from its receipts
         receipts = 0
         for rows in self._table.batches():
             for row in rows:
                 receipts += 1
                 chain, seq = row["chain"] or LEGACY_CHAIN, row["seq"]
+                if seq <= sealed.get(chain, (0, ""))[0]:
+                    continue  # archived under a seal; its removal was cut short
+                if chain not in chain_keys and (found := self._keys.key_of(row)) is not None:
+                    chain_keys[chain] = found
                 try:
-                    computed = self._hasher.hash(row)
+                    computed = chain_keys.get(chain, self._hasher).hash(row)
                 except (TypeError, ValueError, KeyError) as exc:
                     computed = f"<cannot hash: {exc}>"
                 if computed != row["hash"]:
                     problems.append(f"{place(chain, seq)}: hash does not match the receipt's content (edited or forged)")
-                tallies.setdefault(chain, ChainTally()).add(seq, row["hash"], row["prev_hash"])
+                tallies.setdefault(chain, ChainTally(start=sealed.get(chain, (0, GENESIS_HASH)))).add(seq, row["hash"], row["prev_hash"])
                 expected = wanted.pop((chain, seq), None)
                 if expected is not None and expected[0] != row["hash"]:
                     problems.append(f"{place(chain, seq)}: its hash is not the one {expected[1]} recorded (the chain was rewritten)")
         for chain in sorted(chain for chain, tally in tallies.items() if not tally.intact()):
-            problems.extend(broken_links(chain, self._table.links(chain or None)))
+            problems.extend(broken_links(chain, self._table.links(chain or None), sealed.get(chain, (0, GENESIS_HASH))))
+        retired = {chain: tallies[chain].head for chain, hasher in chain_keys.items() if hasher is not self._hasher}
+        if retired and self._keys.seal is not None:
+            problems.extend(self._keys.sealed_problems(retired, [checkpoint_of(row) for row in self._table.checkpoints()]))
         for (chain, seq), (_, name) in sorted(wanted.items()):
             end = tallies[chain].head[0] if chain in tallies else 0
             problems.append(f"{place(chain, seq)}: the head {name} recorded is gone (the chain ends at seq {end}; "
@@ -393,6 +430,72 @@ class AuditLog:
                 log.warning("audit verify could not store its checkpoint: %s", exc)
         return ChainReport(ok=not problems, receipts=receipts, problems=tuple(problems), chains=len(tallies),
                            checkpoint=taken)  # fmt: skip
+
+    def _sealed_heads(self, problems: list[str]) -> dict[str, tuple[int, str]]:
+        """Per chain, the last receipt the latest retention seal archived (none: nothing was); a
+        seal that no longer matches its heads, under any key of the ring, is a problem."""
+        seals = [checkpoint_of(row) for row in self._table.seals()]
+        for seal in seals:
+            if not self._keys.intact(seal):
+                problems.append(f"retention seal {seal.root[:16]}: does not match its heads (the seal was edited)")
+        return {chain: (seq, digest) for chain, seq, digest in seals[-1].heads} if seals else {}
+
+    def archive(self, before: datetime, write: Callable[[str, bytes], None]) -> ArchiveReport:
+        """Seal the receipts written before ``before`` and move them out of the log: verify the
+        whole log first (refused unless intact), hand the range to ``write`` (``receipts.parquet``:
+        the rows as stored; ``seal.json``: the seal, and the one before it), record the seal, then
+        remove the range. The seal binds each chain's last archived receipt, so verify goes on
+        from it, and the archive verifies alone against it (``verify_archive``)."""
+        if before > datetime.now(timezone.utc) - CHECKPOINT_SLACK:
+            raise InvalidRequestError(f"archive before {before.isoformat()}: choose a time at least "
+                                      f"{CHECKPOINT_SLACK} ago (receipts still arriving may carry it)")  # fmt: skip
+        self.fold()
+        report = self.verify(checkpoint=False)
+        if not report.ok:
+            raise WarehouseError(f"the audit log does not verify ({len(report.problems)} problems, first: "
+                                 f"{report.problems[0]}); nothing was archived")  # fmt: skip
+        previous: dict[str, tuple[int, str]] = self._sealed_heads([])
+        heads = self._table.heads(f"time < {sql_timestamp(before, 'before')}")
+        cut = {chain or LEGACY_CHAIN: head for chain, head in heads.items()
+               if head[0] > previous.get(chain or LEGACY_CHAIN, (0, ""))[0]}  # fmt: skip
+        if not cut:
+            raise NotFoundError(f"no receipt written before {before.isoformat()} is left to archive")
+        rows = self._table.archive_rows({chain: seq for chain, (seq, _) in cut.items()})
+        seal = self._hasher.checkpoint(previous | cut, datetime.now(timezone.utc))
+        sink = io.BytesIO()
+        pq.write_table(rows.filter(_after(rows, previous)), sink)
+        write("receipts.parquet", sink.getvalue())
+        write("seal.json", canonical_json({"seal": checkpoint_row(seal) | {"time": seal.time.isoformat()},
+                                           "previous": sorted([chain, *head] for chain, head in previous.items())}).encode())  # fmt: skip
+        self._table.seal_and_remove(checkpoint_row(seal), {chain: seq for chain, (seq, _) in cut.items()})
+        return ArchiveReport(seal=seal, receipts=rows.num_rows, chains=len(cut))
+
+    def verify_archive(self, read: Callable[[str], bytes]) -> ChainReport:
+        """Whether an archive ``archive`` wrote is whole: every receipt's hash under the ring, each
+        chain linked from the seal before it to the head its seal binds, and the seal is this
+        log's (it is among the log's seals, intact)."""
+        written = json.loads(read("seal.json"))
+        seal = checkpoint_of({**written["seal"], "time": datetime.fromisoformat(written["seal"]["time"])})
+        previous = {chain: (int(seq), digest) for chain, seq, digest in written["previous"]}
+        problems = [] if self._keys.intact(seal) else [f"seal {seal.root[:16]}: does not match its heads"]
+        if seal.root not in {row["root"] for row in self._table.seals()}:
+            problems.append(f"seal {seal.root[:16]}: not among this log's seals")
+        tallies: dict[str, ChainTally] = {}
+        rows = pq.read_table(io.BytesIO(read("receipts.parquet"))).to_pylist()
+        for row in rows:
+            chain = row["chain"] or LEGACY_CHAIN
+            if self._keys.key_of(row) is None:
+                problems.append(f"{place(chain, row['seq'])}: hash does not match the receipt's content (edited or forged)")
+            tallies.setdefault(chain, ChainTally(start=previous.get(chain, (0, GENESIS_HASH)))).add(row["seq"], row["hash"], row["prev_hash"])
+        bound = {chain: (seq, digest) for chain, seq, digest in seal.heads}
+        for chain in sorted(set(bound) | set(tallies)):
+            tally = tallies.get(chain)
+            if tally is None:
+                if bound[chain] != previous.get(chain):
+                    problems.append(f"chain {chain}: the seal binds seq {bound[chain][0]} but the archive holds none of it")
+            elif not tally.intact() or tally.head != bound.get(chain):
+                problems.append(f"chain {chain}: the archived receipts do not link up to the head the seal binds")
+        return ChainReport(ok=not problems, receipts=len(rows), problems=tuple(problems), chains=len(tallies))
 
     def _anchors(
         self, expect_head: str | tuple[int, str] | None, problems: list[str]
@@ -416,7 +519,7 @@ class AuditLog:
         for row in chosen:
             found = checkpoint_of(row)
             name = f"checkpoint {found.root[:16]}"
-            if not self._hasher.intact(found):
+            if not self._keys.intact(found):
                 problems.append(f"{name}: does not match its heads (the checkpoint was edited)")
             anchors.append((name, found.heads))
         return anchors
@@ -480,3 +583,9 @@ class AuditLog:
 
         total, shown = self._table.page(" AND ".join(f"({clause})" for clause in clauses) or None, offset=offset, limit=limit)
         return total, [stored_receipt(row) for row in shown]
+
+
+def _after(rows: pa.Table, previous: Mapping[str, tuple[int, str]]) -> pa.Array:
+    """Which of ``rows`` come after the seal before (a removal cut short leaves sealed rows)."""
+    return pa.array([row_seq > previous.get(chain or LEGACY_CHAIN, (0, ""))[0]
+                     for chain, row_seq in zip(rows.column("chain").to_pylist(), rows.column("seq").to_pylist(), strict=True)])  # fmt: skip

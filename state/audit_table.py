@@ -26,11 +26,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InvalidValueError, WarehouseError
-from ..governance.sql import sql_in_list
+from ..governance.audit import LEGACY_CHAIN
+from ..governance.sql import sql_in_list, sql_string
 from .audit_journal import Journaled, ReceiptJournal
 from .commit_retry import retrying_conflicts
 from .journal_segments import encode, to_table
-from .schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SCHEMA, CHECKPOINT_SCHEMA
+from .schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SCHEMA, AUDIT_SEALS, CHECKPOINT_SCHEMA
 from .tables import (
     compact_and_prune,
     damaged_files,
@@ -288,6 +289,30 @@ class AuditTable:
     def add_checkpoint(self, row: Mapping[str, Any]) -> None:
         self._checkpoint_table().add(pa.Table.from_pylist([dict(row)], schema=CHECKPOINT_SCHEMA))
 
+    def seals(self) -> list[dict[str, Any]]:
+        """Every retention seal, oldest first: each binds, per chain, the last receipt archived."""
+        if AUDIT_SEALS not in self._db.list_tables().tables:
+            return []
+        return open_table(self._db, AUDIT_SEALS, CHECKPOINT_SCHEMA).to_arrow().sort_by([("time", "ascending")]).to_pylist()
+
+    def archive_rows(self, cut: Mapping[str, int]) -> pa.Table:
+        """The receipts of each chain up to its cut's seq (the table's; the journal is folded
+        first), in chain and seq order, as the table holds them."""
+        self.fold()
+        where = _through(cut)
+        found = pa.Table.from_batches(list(self._arrow_batches(None, where)), schema=AUDIT_SCHEMA) if where else AUDIT_SCHEMA.empty_table()
+        return found.sort_by([("chain", "ascending"), ("seq", "ascending")])
+
+    def seal_and_remove(self, seal: Mapping[str, Any], cut: Mapping[str, int]) -> None:
+        """Record ``seal``, then remove the receipts it seals (``cut``: per chain, the last seq
+        archived) in one commit, then merge the table's files (older versions go with the next
+        prune). In that order: a removal cut short leaves sealed rows that verify passes over."""
+        open_table(self._db, AUDIT_SEALS, CHECKPOINT_SCHEMA).add(pa.Table.from_pylist([dict(seal)], schema=CHECKPOINT_SCHEMA))
+        where = _through(cut)
+        if where:
+            self._table.delete(where)
+            compact_and_prune(self._table, prune=True)
+
     def checkpoints(self) -> list[dict[str, Any]]:
         """Every checkpoint, oldest first (none when no checkpoint was ever taken)."""
         if self._checkpoints is None and AUDIT_CHECKPOINTS not in self._db.list_tables().tables:
@@ -303,6 +328,15 @@ class AuditTable:
         if self._checkpoints is not None or AUDIT_CHECKPOINTS in self._db.list_tables().tables:
             dropped += compact_and_prune(self._checkpoint_table(), prune=prune, older_than=VERSIONS_KEPT)
         return dropped
+
+
+def _through(cut: Mapping[str, int]) -> str:
+    """A filter of each chain's receipts up to its seq in ``cut`` (chains quoted as data; the
+    legacy chain, from before per-writer chains, is the one without a name)."""
+    return " OR ".join(
+        f"({'chain IS NULL' if chain == LEGACY_CHAIN else f'chain = {sql_string(chain)}'} AND seq <= {int(seq)})"
+        for chain, seq in sorted(cut.items())
+    )
 
 
 def _selected(rows: pa.Table, columns: Sequence[str] | None, where: str | None) -> pa.Table:

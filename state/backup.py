@@ -34,7 +34,7 @@ from .commit_retry import is_missing_file, retrying_conflicts
 from .files import LINEAGE_EVENTS, warehouse_files
 from .maintenance import Maintenance
 from .registries import RegistryTables
-from .schema import AUDIT, AUDIT_CHECKPOINTS, CHUNKS, CLAUSES, LABELS, SOURCES
+from .schema import AUDIT, AUDIT_CHECKPOINTS, AUDIT_SEALS, CHUNKS, CLAUSES, LABELS, SOURCES
 from .tables import connect, local_path, names_storage_failures
 
 BACKUP_FORMAT = "ragwarden-backup/1"
@@ -60,7 +60,7 @@ stamped by their writers' clocks, which differ. Applying one too many finds noth
 for an item erased and then restored on purpose just before the point, erases it: failing closed)."""
 
 _FIRST = (SOURCES, CHUNKS, CLAUSES, LABELS)
-_LAST = (AUDIT_CHECKPOINTS, AUDIT)
+_LAST = (AUDIT_CHECKPOINTS, AUDIT, AUDIT_SEALS)  # a seal copied after the receipts: an archive meanwhile leaves its rows, never a cut without its seal
 _CONTENT_FILES = ("data file", "deletion file", "index file")
 
 

@@ -41,8 +41,10 @@ class PlanOutlived(PlanAgain):
 
 
 def is_missing_file(exc: BaseException) -> bool:
-    """Whether ``exc`` is Lance failing to find a file a table version names."""
-    return "not found" in str(exc).lower()
+    """Whether ``exc`` is Lance failing to find a file a table version names (on a folder, or on
+    object storage, whose answer is NO_SUCH_KEY)."""
+    text = str(exc).lower()
+    return "not found" in text or "no_such_key" in text or "nosuchkey" in text
 
 
 def is_commit_conflict(exc: BaseException) -> bool:

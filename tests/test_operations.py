@@ -358,9 +358,11 @@ def restart(replica: Replica, env: dict[str, str], clients: KeepCalling) -> None
 
 @pytest.mark.slow
 def test_jwt_keys_rotate_under_load_without_a_failed_request(tmp_path_factory, embedder, onnx_worker_env):
-    """Both rotations of the document at once: the HS256 secret (the previous one accepted beside
-    the new during the overlap) and the JWKS key (the provider publishes both during the overlap)."""
-    warehouse = demo_world(tmp_path_factory.mktemp("rotation"), embedder)
+    """The rotations of the document at once: the HS256 secret (the previous one accepted beside
+    the new during the overlap), the JWKS key (the provider publishes both during the overlap) and
+    the audit key (the old one retired, then sealed), in the same rolling restarts."""
+    old_audit, new_audit = b"the audit key before the rotation", b"the audit key after the rotation"
+    warehouse = demo_world(tmp_path_factory.mktemp("rotation"), embedder, audit_key=old_audit)
     old_secret, new_secret = b"old-secret-" + b"o" * 32, b"new-secret-" + b"n" * 32
     current, upcoming = SigningKey("2026-a"), SigningKey("2026-b")
     published = PublishedKeys()
@@ -368,12 +370,14 @@ def test_jwt_keys_rotate_under_load_without_a_failed_request(tmp_path_factory, e
     provider = IdentityProviderNow(secret=old_secret, key=current)
     logs = tmp_path_factory.mktemp("rotation-logs")
 
-    def env(**auth: bytes) -> dict[str, str]:
-        return onnx_worker_env | {"HF_HUB_OFFLINE": "1", "RAGWARDEN_POLICY": "", "RAGWARDEN_JWT_ISSUER": ISSUER,
-                                  "RAGWARDEN_JWT_AUDIENCE": AUDIENCE, "RAGWARDEN_JWT_JWKS": published.url,
-                                  **{f"RAGWARDEN_JWT_{name.upper()}": value.decode() for name, value in auth.items()}}  # fmt: skip
+    def env(audit: dict[str, str], **auth: bytes) -> dict[str, str]:
+        return onnx_worker_env | audit | {"HF_HUB_OFFLINE": "1", "RAGWARDEN_POLICY": "", "RAGWARDEN_JWT_ISSUER": ISSUER,
+                                          "RAGWARDEN_JWT_AUDIENCE": AUDIENCE, "RAGWARDEN_JWT_JWKS": published.url,
+                                          **{f"RAGWARDEN_JWT_{name.upper()}": value.decode() for name, value in auth.items()}}  # fmt: skip
 
-    replicas = (Replica(warehouse.uri, env(secret=old_secret), logs), Replica(warehouse.uri, env(secret=old_secret), logs))
+    before = {"RAGWARDEN_AUDIT_KEY": old_audit.decode()}
+    ring = {"RAGWARDEN_AUDIT_KEY": new_audit.decode(), "RAGWARDEN_AUDIT_RETIRED_KEYS": json.dumps([old_audit.decode()])}
+    replicas = (Replica(warehouse.uri, env(before, secret=old_secret), logs), Replica(warehouse.uri, env(before, secret=old_secret), logs))
     try:
         for replica in replicas:
             replica.start()
@@ -383,17 +387,23 @@ def test_jwt_keys_rotate_under_load_without_a_failed_request(tmp_path_factory, e
             #    with the new secret, the current one accepted as the previous
             published.publish(current, upcoming)
             for replica in replicas:
-                restart(replica, env(secret=new_secret, previous_secret=old_secret), clients)
+                restart(replica, env(ring, secret=new_secret, previous_secret=old_secret), clients)
                 clients.calls(10)
+            #    every writer runs the new audit key now: a checkpoint taken with the ring is the seal
+            seal = Warehouse(Settings.from_env(ring, warehouse=warehouse.uri), embedder=embedder).verify_audit(caller=None)
+            assert seal.ok, seal.problems[:5]
+            sealed = ring | {"RAGWARDEN_AUDIT_KEY_SEAL": seal.checkpoint.root}
             # 2. the provider signs with the new secret and the next key
             provider.secret, provider.key = new_secret, upcoming
             clients.calls(20)
             # 3. once every token of the old ones has expired: the old key withdrawn, the previous secret dropped
             published.publish(upcoming)
             for replica in replicas:
-                restart(replica, env(secret=new_secret), clients)
+                restart(replica, env(sealed, secret=new_secret), clients)
                 clients.calls(10)
         assert not clients.failures, clients.failures[:5]
+        audit = Warehouse(Settings.from_env(sealed, warehouse=warehouse.uri), embedder=embedder).verify_audit(caller=None)
+        assert audit.ok and audit.chains >= 5, audit.problems[:5]  # the first writer, two old replicas, two new ones
 
         old = IdentityProviderNow(secret=old_secret, key=current)
         for replica in replicas:  # the old secret and key are refused now: the rotation happened

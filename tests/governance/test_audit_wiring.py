@@ -7,6 +7,8 @@ import os
 import pwd
 import subprocess
 import sys
+import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +18,7 @@ from ragwarden.api.cli import main
 from ragwarden.errors import NotFoundError
 from ragwarden.governance.caller import Caller
 from ragwarden.policies import policy_file
+from ragwarden.state import audit_log
 from ragwarden.warehouse import OPERATOR
 
 
@@ -69,6 +72,25 @@ def test_audit_verify_and_query_on_the_command_line(audited_warehouse):
     raw_table(audited_warehouse.store, "audit").delete("seq = 5")
     dropped = runner.invoke(main, ["audit", "verify", "--expect-head", head, *args])
     assert dropped.exit_code == 1 and "seq 5: the head checkpoint" in dropped.stderr and "recorded is gone" in dropped.stderr
+
+
+def test_audit_archive_and_verify_archive_on_the_command_line(audited_warehouse, tmp_path, monkeypatch):
+    monkeypatch.setattr(audit_log, "CHECKPOINT_SLACK", timedelta(0))  # the cut may be now, not ten minutes ago
+    runner = CliRunner()
+    args = ["--warehouse", audited_warehouse.uri]
+    time.sleep(1.1)  # the option takes whole seconds: a cut after every receipt so far
+    cut = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+0000")
+    archived = runner.invoke(main, ["audit", "archive", "--before", cut, "--to", str(tmp_path / "archive"), *args])
+    assert archived.exit_code == 0 and archived.stdout.startswith("archived 5 receipts of 1 chain to "), archived.output
+    seal = archived.stdout.split("seal ")[-1].strip()
+    checked = runner.invoke(main, ["audit", "verify-archive", str(tmp_path / "archive"), *args])
+    assert checked.exit_code == 0 and "5 receipts in 1 chain, intact" in checked.stdout
+    verified = runner.invoke(main, ["audit", "verify", *args])  # on from the seal: the archive's receipt and the check's
+    assert verified.exit_code == 0 and "intact" in verified.stdout, verified.output
+    (done,) = [r for r in audited_warehouse.audit.query(operation="admin") if "archived" in r.reason and r.tenant == "acme"]
+    assert seal in done.reason and done.subject.startswith("operator:")
+    again = runner.invoke(main, ["audit", "archive", "--before", cut, "--to", str(tmp_path / "archive"), *args])
+    assert again.exit_code == 1 and "must be new or empty" in again.stderr
 
 
 def test_lineage_follows_source_to_derived_rows_and_receipts(audited_warehouse):

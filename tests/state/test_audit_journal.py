@@ -359,3 +359,23 @@ def test_a_journal_file_s_name_says_whose_receipts_it_holds() -> None:
     assert JournalFile.parse(file.name) == file
     for stray in ("notes.txt", f".{file.name}.0a1b.tmp", file.name.replace(".arrow", ".lance")):
         assert JournalFile.parse(stray) is None
+
+
+def test_a_verify_that_meets_a_file_pruned_under_it_reads_again_and_a_real_failure_still_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = journaled_log(tmp_path)
+    log.append(receipt(1))
+    verify, calls = log._verify, []
+
+    def pruned_once(**options: Any):
+        calls.append(options)
+        if len(calls) == 1:  # what object storage answers for a file a compaction pruned meanwhile
+            raise OSError("AWS Error NO_SUCH_KEY during GetObject operation: The specified key does not exist.")
+        return verify(**options)
+
+    monkeypatch.setattr(log, "_verify", pruned_once)
+    assert log.verify().ok and len(calls) == 2
+    monkeypatch.setattr(log, "_verify", lambda **_: (_ for _ in ()).throw(OSError("disk on fire")))
+    with pytest.raises(OSError, match="disk on fire"):
+        log.verify()

@@ -13,9 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_CORPUS = REPO / "examples" / "demo" / "corpus.jsonl"
 
 
-def demo_world(folder: Path, embedder: Embedder) -> Warehouse:
-    """A warehouse in `folder` holding the demo corpus, ingested under the demo policy."""
-    warehouse = Warehouse(Settings(warehouse=str(folder / "warehouse")), embedder=embedder)
+def demo_world(folder: Path, embedder: Embedder, *, audit_key: bytes | None = None) -> Warehouse:
+    """A warehouse in `folder` holding the demo corpus, ingested under the demo policy (its
+    receipts hashed under ``audit_key``, when given)."""
+    warehouse = Warehouse(Settings(warehouse=str(folder / "warehouse"), audit_key=audit_key), embedder=embedder)
     warehouse.install_policy(policy_file("demo.csv"))
     report = warehouse.ingest(DEMO_CORPUS)
     assert report.ok, report.rejected
