@@ -67,8 +67,11 @@ test-quality: install
 
 # The benchmark (minutes at 100k rows, about an hour at 1M on two cores): results in bench/results/.
 BENCH_ARGS ?= --sizes 100000,1000000,scifact --queries 20
+# Shared use while the table changes: 1,000 callers, a writer committing every second (bench/churn.py).
+CHURN_ROWS ?= 100000 1000000
 bench: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench $(BENCH_ARGS)
+	for rows in $(CHURN_ROWS); do $(BIN)/python -m ragwarden.bench.churn --rows $$rows || exit 1; done
 
 # The soak: the load test of the suite (8 clients, one ingesting, every answer checked against the
 # oracle) for SOAK_SECONDS instead of a minute, figures in bench/results/soak.json; then the
