@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -214,12 +214,15 @@ class Admission:
     that waits for messages for as long as the client likes: it passes unadmitted, or a few open
     streams would hold every place at work. And no answer there closes its connection to even the
     workers' loads: the session would not follow the client to another worker.
-    ``server_timing``: answers carry ``Server-Timing`` (an operator's switch, off by default)."""
+    ``server_timing``: answers carry ``Server-Timing`` (an operator's switch, off by default).
+    ``on_stages``: told each admitted request's stage times, in milliseconds by stage (``queue``,
+    ``app`` and those measured within: embed, rank, check, receipt), as its answer starts (metrics)."""
 
     def __init__(
         self, app: ASGIApp, *, max_in_flight: int, max_queued: int, exempt: tuple[str, ...] = (),
         streams: tuple[str, ...] = (), peers: WorkerLoads | None = None,
         caller_of: Callable[[Scope], str] = lambda scope: "", server_timing: bool = False,
+        on_stages: Callable[[Mapping[str, float]], None] | None = None,
     ) -> None:  # fmt: skip
         self.app = app
         self.max_in_flight = max_in_flight
@@ -229,6 +232,7 @@ class Admission:
         self.peers = peers  # the other workers of ``serve --workers N``, whose loads this one evens out
         self.caller_of = caller_of
         self.server_timing = server_timing
+        self.on_stages = on_stages
         self.slots = FairSlots(max_in_flight, max_queued)
         self.refused = 0  # for monitoring
 
@@ -265,7 +269,7 @@ class Admission:
         try:
             with measuring() as measurement:
                 closing = functools.partial(self._closing, scope)  # asked once the answer starts
-                timed = _timed(send, arrived, started, measurement, answer, closing, self.server_timing)
+                timed = _timed(send, arrived, started, measurement, answer, closing, self.server_timing, self.on_stages)
                 await self.app(scope, receive, timed)
         finally:
             worked = scope.get("state", {}).get(COST, time.perf_counter() - started)
@@ -306,20 +310,25 @@ def _log(scope: Scope, answer: dict[str, object], arrived: float, started: float
 def _timed(
     send: Send, arrived: float, started: float, measurement: Measurement, answer: dict[str, object],
     closing: Callable[[], list[tuple[bytes, bytes]]], server_timing: bool,
+    on_stages: Callable[[Mapping[str, float]], None] | None = None,
 ) -> Send:  # fmt: skip
     """``send`` noting in ``answer`` its status and whether it closes the connection, adding
     ``closing()``'s headers and, where the operator asked for it, ``Server-Timing`` (milliseconds
-    in line, at work, and in each stage measured: embed, rank, check, receipt)."""
+    in line, at work, and in each stage measured: embed, rank, check, receipt); ``on_stages`` is
+    told the same times."""
 
     async def timed(message: Message) -> None:
         if message["type"] == "http.response.start":
             answer["status"] = int(message["status"])
             headers = [*message.get("headers", [])]
-            if server_timing:
+            if server_timing or on_stages is not None:
                 now = time.perf_counter()
-                parts = [f"queue;dur={(started - arrived) * 1000:.1f}", f"app;dur={(now - started) * 1000:.1f}"]
-                value = ", ".join([*parts, *(f"{name};dur={ms:.1f}" for name, ms in measurement.stages.items())])
-                headers.append((b"server-timing", value.encode()))
+                stages = {"queue": (started - arrived) * 1000, "app": (now - started) * 1000, **measurement.stages}
+                if on_stages is not None:
+                    on_stages(stages)
+                if server_timing:
+                    value = ", ".join(f"{name};dur={ms:.1f}" for name, ms in stages.items())
+                    headers.append((b"server-timing", value.encode()))
             closes = closing()
             answer["rebalanced"] = bool(closes)
             message = {**message, "headers": [*headers, *closes]}

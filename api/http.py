@@ -63,7 +63,7 @@ from .http_models import (
     VocabularyModel,
 )
 from .limits import CLIENT_GONE, BodyLimit
-from .metrics import METRICS_PATH, install_metrics, keeps_stage_times
+from .metrics import METRICS_PATH, install_metrics, service_metrics
 from .scim import mount_scim
 
 MCP_PATH = "/mcp"
@@ -173,12 +173,13 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    metrics = service_metrics(warehouse, settings)
     app.add_middleware(
         Admission, max_in_flight=settings.max_in_flight, max_queued=settings.max_queued,
         exempt=("/healthz", "/readyz", METRICS_PATH), streams=(MCP_PATH,), peers=peers, caller_of=caller_names,
-        server_timing=keeps_stage_times(settings),
+        server_timing=settings.server_timing, on_stages=metrics.timed if metrics is not None else None,
     )
-    install_metrics(app, warehouse, settings)  # around admission, whose stage times it reads
+    install_metrics(app, metrics, settings)  # around admission, so its refusals are counted too
     app.state.warehouse = warehouse
     app.state.authenticator = authenticator
     app.state.caller_names = caller_names

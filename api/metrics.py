@@ -24,20 +24,18 @@ the replica is overloaded.
 
 Each app keeps its own registry, so several apps in one process never share a series; with
 ``serve --workers N`` each worker counts its own requests (the workers share one port, so a scrape
-reads whichever worker takes it). Stage times are those admission measures for ``Server-Timing``:
-it writes the header for this module whenever metrics are kept, and the header is taken off the
-answer again unless the operator asked for it (``server_timing``), since a caller could read its
-request's work in it.
+reads whichever worker takes it). Stage times are those admission measures (``Server-Timing``'s,
+which answers carry only where the operator asked: a caller could read its request's work in it);
+admission hands them to ``ServiceMetrics.timed``.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import get_args
 
 from fastapi import FastAPI, Request, Response
@@ -62,24 +60,22 @@ OTHER_METHOD = "other"
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Seconds: from a receipt's fraction of a millisecond to a search stopped at its deadline (10 s)."""
 SERVING_STATES: tuple[State, ...] = get_args(State)
-_STAGE = re.compile(r"([a-z][a-z_]{0,31});dur=([0-9]+(?:\.[0-9]+)?)")
-_SERVER_TIMING = b"server-timing"
 log = logging.getLogger(__name__)
 
 
-def keeps_stage_times(settings: Settings) -> bool:
-    """Whether admission must write ``Server-Timing``: the operator asked for it, or metrics are kept."""
-    return settings.server_timing or settings.metrics != "off"
+def service_metrics(warehouse: Warehouse, settings: Settings) -> ServiceMetrics | None:
+    """The metrics an app keeps (None when ``settings.metrics`` is ``off``): hand their ``timed``
+    to admission, then ``install_metrics``."""
+    return None if settings.metrics == "off" else ServiceMetrics(warehouse)
 
 
-def install_metrics(app: FastAPI, warehouse: Warehouse, settings: Settings) -> None:
-    """Keep ``app``'s metrics and serve them at ``/metrics`` as ``settings.metrics`` allows (nothing
-    when ``off``). Call after admission's middleware is added: this one goes around it, to read the
-    stage times it writes on each answer."""
-    if settings.metrics == "off":
+def install_metrics(app: FastAPI, metrics: ServiceMetrics | None, settings: Settings) -> None:
+    """Count ``app``'s answers into ``metrics`` and serve them at ``/metrics`` as ``settings.metrics``
+    allows (nothing for None). Call after admission's middleware is added: this one goes around it,
+    so admission's refusals are counted too."""
+    if metrics is None:
         return
-    metrics = ServiceMetrics(warehouse)
-    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes, keep_server_timing=settings.server_timing)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
     access = settings.metrics
 
     @app.get(METRICS_PATH, include_in_schema=False)
@@ -127,24 +123,20 @@ class ServiceMetrics:
     def answered(self, route: str, method: str, status: int) -> None:
         self.requests.labels(route=route, method=method, status=str(status)).inc()
 
-    def timed(self, server_timing: bytes) -> None:
-        """Observe the stages of one ``Server-Timing`` value (milliseconds by name)."""
-        for name, ms in _STAGE.findall(server_timing.decode("latin-1")):
-            self.stages.labels(stage=name).observe(float(ms) / 1000)
+    def timed(self, stages: Mapping[str, float]) -> None:
+        """Observe one request's stage times (milliseconds by stage, as admission measures them)."""
+        for name, ms in stages.items():
+            self.stages.labels(stage=name).observe(ms / 1000)
 
 
 class MetricsMiddleware:
     """ASGI middleware around admission: counts each answer by route template, method and status,
-    and observes the stage times admission wrote in ``Server-Timing`` (removing the header unless
-    ``keep_server_timing``). Both are recorded before the answer's last byte leaves, so a client
-    that has its answer finds it counted."""
+    before the answer's last byte leaves, so a client that has its answer finds it counted."""
 
-    def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics, routes: Sequence[BaseRoute],
-                 keep_server_timing: bool) -> None:  # fmt: skip
+    def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.metrics = metrics
         self.routes = routes
-        self.keep_server_timing = keep_server_timing
         metrics.readings.admission = _admission_within(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -160,7 +152,6 @@ class MetricsMiddleware:
             nonlocal status, counted
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                message = self._timed(message)
             elif message["type"] == "http.response.body" and not message.get("more_body", False) and not counted:
                 counted = True
                 self.metrics.answered(self._route(scope, asked), method, _status(scope, status))
@@ -180,17 +171,6 @@ class MetricsMiddleware:
         if chosen is not None and any(route is chosen for route in self.routes):
             return _template(chosen)
         return route_of(self.routes, asked)
-
-    def _timed(self, start: Message) -> Message:
-        headers = start.get("headers", [])
-        timings = [value for name, value in headers if name.lower() == _SERVER_TIMING]
-        if not timings:
-            return start
-        for value in timings:
-            self.metrics.timed(value)
-        if self.keep_server_timing:
-            return start
-        return {**start, "headers": [(name, value) for name, value in headers if name.lower() != _SERVER_TIMING]}
 
 
 def _status(scope: Scope, started: int | None) -> int:
