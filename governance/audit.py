@@ -513,6 +513,39 @@ class KeyRing:
         return problems
 
 
+class ChainPass:
+    """One streamed pass over receipts, by ``verify`` and ``verify_archive`` alike: each receipt's
+    hash recomputed under its chain's key (found from the chain's receipts, of ``keys``, then held
+    for the chain's whole length), and each chain's links tallied from where it starts (``starts``:
+    a retention seal's heads; genesis otherwise)."""
+
+    def __init__(self, keys: KeyRing, starts: Mapping[str, tuple[int, str]] | None = None) -> None:
+        self.keys = keys
+        self.starts = dict(starts or {})
+        self.tallies: dict[str, ChainTally] = {}
+        self.chain_keys: dict[str, ReceiptHasher] = {}
+
+    def add(self, row: Mapping[str, Any], problems: list[str]) -> None:
+        """Check one receipt's hash (a mismatch goes to ``problems``) and tally its link."""
+        chain, seq = row["chain"] or LEGACY_CHAIN, row["seq"]
+        if chain not in self.chain_keys and (found := self.keys.key_of(row)) is not None:
+            self.chain_keys[chain] = found
+        try:
+            computed = self.chain_keys.get(chain, self.keys.current).hash(row)
+        except (TypeError, ValueError, KeyError) as exc:
+            computed = f"<cannot hash: {exc}>"
+        if computed != row["hash"]:
+            problems.append(f"{place(chain, seq)}: hash does not match the receipt's content (edited or forged)")
+        self.tallies.setdefault(chain, ChainTally(start=self.start(chain))).add(seq, row["hash"], row["prev_hash"])
+
+    def start(self, chain: str) -> tuple[int, str]:
+        return self.starts.get(chain, (0, GENESIS_HASH))
+
+    def retired_heads(self) -> dict[str, tuple[int, str]]:
+        """The heads of the chains hashed under a retired key (for the seal's check)."""
+        return {chain: self.tallies[chain].head for chain, hasher in self.chain_keys.items() if hasher is not self.keys.current}
+
+
 @dataclass(frozen=True, kw_only=True)
 class ArchiveReport:
     """What an archive of the audit log moved out: how many receipts of how many chains, and the

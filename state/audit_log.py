@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigurationError, InvalidRequestError, NotFoundError, WarehouseError
@@ -43,13 +42,12 @@ from ..governance.audit import (
     PLACED,
     ArchiveReport,
     ChainHead,
+    ChainPass,
     ChainReport,
-    ChainTally,
     Checkpoint,
     KeyRing,
     Prepared,
     Receipt,
-    ReceiptHasher,
     StoredReceipt,
     broken_links,
     canonical_json,
@@ -392,30 +390,22 @@ class AuditLog:
         anchors = self._anchors(expect_head, problems)
         wanted = {(chain, seq): (digest, name) for name, heads in anchors for chain, seq, digest in heads
                   if seq > sealed.get(chain, (0, ""))[0]}  # fmt: skip
-        tallies: dict[str, ChainTally] = {}
-        chain_keys: dict[str, ReceiptHasher] = {}  # the key each chain is hashed with, found from its receipts
+        chains = ChainPass(self._keys, sealed)
+        tallies = chains.tallies
         receipts = 0
         for rows in self._table.batches():
             for row in rows:
                 receipts += 1
                 chain, seq = row["chain"] or LEGACY_CHAIN, row["seq"]
-                if seq <= sealed.get(chain, (0, ""))[0]:
+                if seq <= chains.start(chain)[0]:
                     continue  # archived under a seal; its removal was cut short
-                if chain not in chain_keys and (found := self._keys.key_of(row)) is not None:
-                    chain_keys[chain] = found
-                try:
-                    computed = chain_keys.get(chain, self._hasher).hash(row)
-                except (TypeError, ValueError, KeyError) as exc:
-                    computed = f"<cannot hash: {exc}>"
-                if computed != row["hash"]:
-                    problems.append(f"{place(chain, seq)}: hash does not match the receipt's content (edited or forged)")
-                tallies.setdefault(chain, ChainTally(start=sealed.get(chain, (0, GENESIS_HASH)))).add(seq, row["hash"], row["prev_hash"])
+                chains.add(row, problems)
                 expected = wanted.pop((chain, seq), None)
                 if expected is not None and expected[0] != row["hash"]:
                     problems.append(f"{place(chain, seq)}: its hash is not the one {expected[1]} recorded (the chain was rewritten)")
         for chain in sorted(chain for chain, tally in tallies.items() if not tally.intact()):
-            problems.extend(broken_links(chain, self._table.links(chain or None), sealed.get(chain, (0, GENESIS_HASH))))
-        retired = {chain: tallies[chain].head for chain, hasher in chain_keys.items() if hasher is not self._hasher}
+            problems.extend(broken_links(chain, self._table.links(chain or None), chains.start(chain)))
+        retired = chains.retired_heads()
         if retired and self._keys.seal is not None:
             problems.extend(self._keys.sealed_problems(retired, [checkpoint_of(row) for row in self._table.checkpoints()]))
         for (chain, seq), (_, name) in sorted(wanted.items()):
@@ -460,10 +450,10 @@ class AuditLog:
                if head[0] > previous.get(chain or LEGACY_CHAIN, (0, ""))[0]}  # fmt: skip
         if not cut:
             raise NotFoundError(f"no receipt written before {before.isoformat()} is left to archive")
-        rows = self._table.archive_rows({chain: seq for chain, (seq, _) in cut.items()})
+        rows = self._table.archive_rows({chain: (previous.get(chain, (0, ""))[0], seq) for chain, (seq, _) in cut.items()})
         seal = self._hasher.checkpoint(previous | cut, datetime.now(timezone.utc))
         sink = io.BytesIO()
-        pq.write_table(rows.filter(_after(rows, previous)), sink)
+        pq.write_table(rows, sink)
         write("receipts.parquet", sink.getvalue())
         write("seal.json", canonical_json({"seal": checkpoint_row(seal) | {"time": seal.time.isoformat()},
                                            "previous": sorted([chain, *head] for chain, head in previous.items())}).encode())  # fmt: skip
@@ -480,13 +470,11 @@ class AuditLog:
         problems = [] if self._keys.intact(seal) else [f"seal {seal.root[:16]}: does not match its heads"]
         if seal.root not in {row["root"] for row in self._table.seals()}:
             problems.append(f"seal {seal.root[:16]}: not among this log's seals")
-        tallies: dict[str, ChainTally] = {}
+        chains = ChainPass(self._keys, previous)
         rows = pq.read_table(io.BytesIO(read("receipts.parquet"))).to_pylist()
         for row in rows:
-            chain = row["chain"] or LEGACY_CHAIN
-            if self._keys.key_of(row) is None:
-                problems.append(f"{place(chain, row['seq'])}: hash does not match the receipt's content (edited or forged)")
-            tallies.setdefault(chain, ChainTally(start=previous.get(chain, (0, GENESIS_HASH)))).add(row["seq"], row["hash"], row["prev_hash"])
+            chains.add(row, problems)
+        tallies = chains.tallies
         bound = {chain: (seq, digest) for chain, seq, digest in seal.heads}
         for chain in sorted(set(bound) | set(tallies)):
             tally = tallies.get(chain)
@@ -583,9 +571,3 @@ class AuditLog:
 
         total, shown = self._table.page(" AND ".join(f"({clause})" for clause in clauses) or None, offset=offset, limit=limit)
         return total, [stored_receipt(row) for row in shown]
-
-
-def _after(rows: pa.Table, previous: Mapping[str, tuple[int, str]]) -> pa.Array:
-    """Which of ``rows`` come after the seal before (a removal cut short leaves sealed rows)."""
-    return pa.array([row_seq > previous.get(chain or LEGACY_CHAIN, (0, ""))[0]
-                     for chain, row_seq in zip(rows.column("chain").to_pylist(), rows.column("seq").to_pylist(), strict=True)])  # fmt: skip

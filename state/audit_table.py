@@ -295,11 +295,12 @@ class AuditTable:
             return []
         return open_table(self._db, AUDIT_SEALS, CHECKPOINT_SCHEMA).to_arrow().sort_by([("time", "ascending")]).to_pylist()
 
-    def archive_rows(self, cut: Mapping[str, int]) -> pa.Table:
-        """The receipts of each chain up to its cut's seq (the table's; the journal is folded
-        first), in chain and seq order, as the table holds them."""
+    def archive_rows(self, ranges: Mapping[str, tuple[int, int]]) -> pa.Table:
+        """The receipts of each chain after the first seq of its range and up to the last (the
+        table's; the journal is folded first), in chain and seq order, as the table holds them."""
         self.fold()
-        where = _through(cut)
+        where = " OR ".join(f"({_chain_is(chain)} AND seq > {int(after)} AND seq <= {int(through)})"
+                            for chain, (after, through) in sorted(ranges.items()))  # fmt: skip
         found = pa.Table.from_batches(list(self._arrow_batches(None, where)), schema=AUDIT_SCHEMA) if where else AUDIT_SCHEMA.empty_table()
         return found.sort_by([("chain", "ascending"), ("seq", "ascending")])
 
@@ -331,12 +332,14 @@ class AuditTable:
 
 
 def _through(cut: Mapping[str, int]) -> str:
-    """A filter of each chain's receipts up to its seq in ``cut`` (chains quoted as data; the
-    legacy chain, from before per-writer chains, is the one without a name)."""
-    return " OR ".join(
-        f"({'chain IS NULL' if chain == LEGACY_CHAIN else f'chain = {sql_string(chain)}'} AND seq <= {int(seq)})"
-        for chain, seq in sorted(cut.items())
-    )
+    """A filter of each chain's receipts up to its seq in ``cut``."""
+    return " OR ".join(f"({_chain_is(chain)} AND seq <= {int(seq)})" for chain, seq in sorted(cut.items()))
+
+
+def _chain_is(chain: str) -> str:
+    """A filter of one chain's receipts (quoted as data; the legacy chain, from before per-writer
+    chains, is the one without a name)."""
+    return "chain IS NULL" if chain == LEGACY_CHAIN else f"chain = {sql_string(chain)}"
 
 
 def _selected(rows: pa.Table, columns: Sequence[str] | None, where: str | None) -> pa.Table:
