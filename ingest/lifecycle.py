@@ -202,18 +202,19 @@ class Lifecycle:
             self.doors.registries.register_clauses(tags.clauses_by_token)
         new_tags = {(tags.tenant, doc_id): tags.row_columns() for doc_id, tags in changes}
 
-        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[int, int]]:
+        def plan(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, tuple[int, int, list[dict[str, Any]]]]:
             stored = snapshot.rows(snapshot.chunk_ids_of_documents(new_tags))
             updated = {
                 chunk_id: {**row, **new_tags[(row["tenant"], row["doc_id"])]} for chunk_id, row in stored.items()
             }
-            lineage = rederive(snapshot, self.doors.registries.clauses(), updated)
+            registry = self.doors.registries.clauses()
+            lineage = rederive(snapshot, registry, updated)
             write = ChunkWrite(rows=[*updated.values(), *lineage.rows], delete=lineage.orphans)
-            return write, (len(updated), len(lineage.derived))
+            return write, (len(updated), len(lineage.derived), source_records(updated.values(), registry))
 
-        (chunks, derived), version = self.doors.chunks.write(plan, what="re-tagging documents")
-        sources = [{"doc_id": doc_id, "tags_fingerprint": tags.fingerprint(), **tags.row_columns()} for doc_id, tags in changes]
-        self.doors.sources.record(sources, chunks_version=version)
+        (chunks, derived, records), version = self.doors.chunks.write(plan, what="re-tagging documents")
+        # A document erased since it was read has no chunks at this version: no record to write.
+        self.doors.sources.record(records, chunks_version=version, insert=False)
         return SyncReport(
             keys=tuple((tags.tenant, doc_id) for doc_id, tags in changes),
             tags=tuple(tags for _, tags in changes),
@@ -354,6 +355,39 @@ def rederive(
         current[chunk_id] = new = {**row, **tags.row_columns()}
         updated.append(new)
     return Rederived(derived=updated, orphans=orphans, read=list(read.values()))
+
+
+def source_records(rows: Iterable[Mapping[str, Any]], registry: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+    """The source record of each document whose chunks are among ``rows`` (one snapshot's), read
+    off those chunks: tags, content version, uri, metadata, count.
+
+    Why: a record is stamped with the ``chunks`` version it describes, and a later stamp wins. A
+    writer that stamps a record later than an ingest's commit must therefore say what the chunks
+    hold at its own stamp, content included, or the ingest's record (earlier stamp, later arrival)
+    is refused and the record keeps the content the chunks no longer have. While two ingests of one
+    document briefly both hold chunks, the later-made chunks are taken; the ingest that removes
+    the other's records the document again.
+    """
+    by_document: dict[DocumentKey, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row["kind"] == "chunk":
+            by_document.setdefault((row["tenant"], row["doc_id"]), []).append(row)
+    records: list[dict[str, Any]] = []
+    for chunks in by_document.values():
+        latest = max(chunks, key=lambda row: (row["created_at"], row["doc_version"]))
+        tags = GovernanceTags.from_row(latest, registry)
+        records.append({
+            "doc_id": latest["doc_id"],
+            "uri": latest["source_uri"],
+            "doc_version": latest["doc_version"],
+            "tags_fingerprint": tags.fingerprint(),
+            **tags.row_columns(),
+            "chunk_count": sum(row["doc_version"] == latest["doc_version"] for row in chunks),
+            "metadata": latest["metadata"],
+            "ingest_run_id": latest["ingest_run_id"],
+            "ingested_at": latest["created_at"],
+        })  # fmt: skip
+    return records
 
 
 def _parents_first(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -19,7 +19,7 @@ import numpy as np
 from ..embedder import Embedder
 from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Erasure, SourceState, WriteDoors, is_missing_file
 from .chunking import Chunk, chunk_text
-from .lifecycle import rederive
+from .lifecycle import rederive, source_records
 from .records import Rejected, SourceRecord, document_version
 
 
@@ -185,9 +185,7 @@ class DocumentWriter:
     def _refusal(self, record: SourceRecord, state: SourceState | None, erasure: Erasure | None) -> str | None:
         """Why ``record`` may not be written without an override, or None."""
         if erasure is not None and not self.overrides.restore_erased:
-            return (f"{record.doc_id!r} of tenant {record.tags.tenant!r} was erased on {erasure.erased_at:%Y-%m-%d %H:%M} UTC "
-                    f"(it came from {erasure.source_uri}); an erasure holds: pass --restore-erased "
-                    "(restore_erased=True) to ingest it again, which the receipt records")  # fmt: skip
+            return _erased(record, erasure)
         if state is not None and state.uri is not None and state.uri != record.uri and not self.overrides.allow_move:
             return (f"id {record.doc_id!r} of tenant {record.tags.tenant!r} already holds {state.uri}; writing {record.uri} "
                     "would replace that document, content and permissions. Give one of them another id (an 'id' in "
@@ -214,27 +212,37 @@ class DocumentWriter:
             for record, chunks in plan.chunked
             for chunk, cid in chunks
         ]
-        source_rows = [self._source_row(record, len(chunks), now) for record, chunks in plan.chunked]
         self.doors.registries.register_clauses({t: c for r in plan.changed for t, c in r.tags.clauses_by_token.items()})
-        keys = [r.key for r in plan.changed]
-        new_rows = {str(row["chunk_id"]): row for row in chunk_rows}
+        erased: dict[DocumentKey, Erasure] = {}
 
         def replace(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, int]:
             """The documents' chunks become ``chunk_rows`` in one commit: old chunks go in the commit
             that adds the new ones, and rows derived from them are re-tagged (or, when their parent
-            chunk goes, removed) in it too, all read from the snapshot the commit is made on."""
-            old_ids = snapshot.chunk_ids_of_documents(keys)
-            lineage = rederive(snapshot, self.doors.registries.clauses(), {cid: new_rows.get(cid) for cid in old_ids})
-            gone = [cid for cid in old_ids if cid not in new_rows]
-            return ChunkWrite(rows=[*chunk_rows, *lineage.rows], delete=[*gone, *lineage.orphans]), snapshot.version
+            chunk goes, removed) in it too, all read from the snapshot the commit is made on.
+
+            The erasure marks are read again at each attempt: an erasure whose mark came after the
+            batch was decided (its rows gone in this snapshot, or in a commit this one will conflict
+            with) keeps its document out, as it would have had the batch been decided after it."""
+            erased.clear()
+            if not self.overrides.restore_erased:
+                erased.update(self.doors.erasures.of(r.key for r in plan.changed))
+            rows = {str(row["chunk_id"]): row for row in chunk_rows if _document_of(row) not in erased}
+            old_ids = snapshot.chunk_ids_of_documents(r.key for r in plan.changed if r.key not in erased)
+            lineage = rederive(snapshot, self.doors.registries.clauses(), {cid: rows.get(cid) for cid in old_ids})
+            gone = [cid for cid in old_ids if cid not in rows]
+            return ChunkWrite(rows=[*rows.values(), *lineage.rows], delete=[*gone, *lineage.orphans]), snapshot.version
 
         planned, version = self.doors.chunks.write(replace, what="writing documents")
+        written = [(record, chunks) for record, chunks in plan.chunked if record.key not in erased]
+        keys = [record.key for record, _ in written]
         if version > planned + 1:  # other commits landed between this plan and its commit
-            self._drop_strays(keys, new_rows.keys(), version)
-        self.doors.sources.record(source_rows, chunks_version=version)
+            self._drop_strays(keys, {str(row["chunk_id"]) for row in chunk_rows}, version)
+        source_rows = [self._source_row(record, len(chunks), now) for record, chunks in written]
+        self.doors.sources.record(source_rows, chunks_version=version, insert=True)
         self.doors.erasures.lift(plan.restoring)
-        return BatchResult(written=keys, unchanged=plan.unchanged, chunks=len(chunk_rows), refused=plan.refused,
-                           restored=plan.restoring)  # fmt: skip
+        refused = [*plan.refused, *(Rejected(source=r.origin, reason=_erased(r, erased[r.key])) for r in plan.changed if r.key in erased)]
+        return BatchResult(written=keys, unchanged=plan.unchanged, chunks=sum(len(chunks) for _, chunks in written),
+                           refused=refused, restored=plan.restoring)  # fmt: skip
 
     def _drop_strays(self, keys: Sequence[DocumentKey], written: Collection[str], version: int) -> None:
         """Delete the chunks of ``keys`` that another ingest committed between this one's plan and
@@ -256,12 +264,17 @@ class DocumentWriter:
         if not strays:
             return
 
-        def drop(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, None]:
-            present = sorted(strays.intersection(snapshot.chunk_ids_of_documents(keys)))
-            lineage = rederive(snapshot, self.doors.registries.clauses(), dict.fromkeys(present))
-            return ChunkWrite(rows=lineage.rows, delete=[*present, *lineage.orphans]), None
+        def drop(snapshot: ChunksSnapshot) -> tuple[ChunkWrite, list[dict[str, Any]]]:
+            held = snapshot.chunk_ids_of_documents(keys)
+            present = sorted(strays.intersection(held))
+            registry = self.doors.registries.clauses()
+            lineage = rederive(snapshot, registry, dict.fromkeys(present))
+            kept = snapshot.rows(set(held) - strays).values()
+            return ChunkWrite(rows=lineage.rows, delete=[*present, *lineage.orphans]), source_records(kept, registry)
 
-        self.doors.chunks.write(drop, what="removing chunks a concurrent ingest wrote")
+        records, dropped_at = self.doors.chunks.write(drop, what="removing chunks a concurrent ingest wrote")
+        # The documents' records say what stays, stamped by this commit (a re-tag may have come between).
+        self.doors.sources.record(records, chunks_version=dropped_at, insert=True)
 
     def _chunk_row(
         self, record: SourceRecord, chunk: Chunk, cid: str, vectors: dict[str, list[float]], now: datetime
@@ -296,6 +309,17 @@ class DocumentWriter:
             "ingested_at": now,
         }
 
+
+
+def _erased(record: SourceRecord, erasure: Erasure) -> str:
+    """Why an erased document is refused, and how to restore it."""
+    return (f"{record.doc_id!r} of tenant {record.tags.tenant!r} was erased on {erasure.erased_at:%Y-%m-%d %H:%M} UTC "
+            f"(it came from {erasure.source_uri}); an erasure holds: pass --restore-erased "
+            "(restore_erased=True) to ingest it again, which the receipt records")  # fmt: skip
+
+
+def _document_of(row: dict[str, object]) -> DocumentKey:
+    return (str(row["tenant"]), str(row["doc_id"]))
 
 
 def _takes_progress(embedder: object) -> bool:

@@ -87,19 +87,18 @@ class Sources(Door):
         found = self._table.to_lance().to_table(columns=["tenant"])
         return sorted(set(found.column("tenant").to_pylist()))
 
-    def record(self, rows: Sequence[Mapping[str, Any]], *, chunks_version: int) -> None:
-        """Write the records of documents whose chunks were committed at ``chunks_version`` (whole
-        records of an ingest, or the tag columns of a sync). A record already stamped by a later
-        commit is left as it is, so writers finishing out of order leave the latest state."""
+    def record(self, rows: Sequence[Mapping[str, Any]], *, chunks_version: int, insert: bool) -> None:
+        """Write the whole records of documents whose chunks were committed at ``chunks_version``;
+        ``insert``: also those of documents that have none (an ingest; not a re-tag, whose document
+        may have been erased meanwhile). A record already stamped by a later commit is left as it
+        is, so writers finishing out of order leave the latest state."""
         if not rows:
             return
-        names = [name for name in SOURCES_SCHEMA.names if name in rows[0] or name == "chunks_version"]
-        schema = pa.schema([SOURCES_SCHEMA.field(name) for name in names])
-        table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=schema)
+        table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=SOURCES_SCHEMA)
         merge = self._table.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all(
             where="source.chunks_version > target.chunks_version"
         )
-        if len(names) == len(SOURCES_SCHEMA.names):
+        if insert:
             merge = merge.when_not_matched_insert_all()
         # A replay after a conflict re-checks the stamp against the newer version.
         retrying_conflicts(lambda: merge.execute(table), what="recording sources")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.racing import racing
+from support.racing import between_commit_and_record, racing
 from support.raw_tables import raw_table
 
 from ragwarden.errors import InvalidRequestError, NotFoundError, WarehouseError
@@ -246,6 +246,35 @@ def test_an_erasure_cut_short_still_keeps_an_ingest_from_bringing_the_document_b
     report = wh.ingest_records([doc("fin", "Q3 revenue grew twelve percent.", ["group:finance"], ["finance"], "confidential")])
     assert report.documents == 0 and [r.reason.split(" was erased")[0] for r in report.rejected] == ["'fin' of tenant 'acme'"]
     assert wh.forget("fin", tenant="acme", reason="erasure request 7, again").chunks == 1  # the erasure completes
+
+
+def test_a_retag_landing_between_an_ingests_commit_and_its_record_leaves_the_record_saying_what_the_chunks_hold(
+    lifecycle_warehouse, monkeypatch
+):
+    wh = lifecycle_warehouse
+    replica = Warehouse(wh.settings, embedder=wh.embedder)
+    retag = doc("staff", "", ["group:staff"], ["hr"])
+    between_commit_and_record(wh, monkeypatch, lambda: replica.sync([retag]))
+    wh.ingest_records([doc("staff", "The office closes at noon on Friday.", ["group:staff"])])
+    (chunk,) = wh.store.chunks.rows(wh.store.chunks.chunk_ids_of("staff", "acme")).values()
+    state = wh.store.sources.states([("acme", "staff")])[("acme", "staff")]
+    assert chunk["text"] == "The office closes at noon on Friday." and chunk["labels"] == ["hr"]  # new text, later tags
+    assert state.doc_version == chunk["doc_version"], "the record names the content the chunks hold"
+    assert wh.store.sources.tags([("acme", "staff")])[0].labels == frozenset({"hr"})
+    assert wh.ingest_records([doc("staff", "The office closes at noon on Friday.", ["group:staff"], ["hr"])]).documents == 0
+
+
+def test_an_ingest_decided_before_an_erasure_and_committed_after_it_is_refused(lifecycle_warehouse, monkeypatch):
+    wh = lifecycle_warehouse
+    replica = Warehouse(wh.settings, embedder=wh.embedder)
+    racing(wh, monkeypatch, lambda: replica.forget("fin", reason="erasure request 9", tenant="acme"))
+    report = wh.ingest_records([
+        doc("fin", "Q3 revenue grew twelve percent.", ["group:finance"], ["finance"], "confidential"),
+        doc("staff", "The office closes at noon on Friday.", ["group:staff"]),
+    ])  # fmt: skip
+    assert report.documents == 1 and [r.reason.split(" was erased")[0] for r in report.rejected] == ["'fin' of tenant 'acme'"]
+    assert wh.store.chunks.chunk_ids_of("fin", "acme") == [] and wh.store.sources.states([("acme", "fin")]) == {}
+    assert "noon" in wh.store.chunks.rows(wh.store.chunks.chunk_ids_of("staff", "acme")).popitem()[1]["text"]
 
 
 def test_an_erasure_mark_is_per_tenant_and_another_tenants_document_of_that_id_is_written(lifecycle_warehouse):

@@ -68,8 +68,8 @@ def test_a_source_record_is_replaced_only_by_a_later_commits(fresh_warehouse: Wa
     later = {**record, "tags_fingerprint": "later", "classification": 3}
     earlier = {**record, "tags_fingerprint": "earlier", "classification": 0}
     version = record["chunks_version"]
-    fresh_warehouse.store.sources.record([later], chunks_version=version + 2)
-    fresh_warehouse.store.sources.record([earlier], chunks_version=version + 1)  # finished last, committed first
+    fresh_warehouse.store.sources.record([later], chunks_version=version + 2, insert=True)
+    fresh_warehouse.store.sources.record([earlier], chunks_version=version + 1, insert=True)  # finished last, committed first
     (stored,) = raw_table(fresh_warehouse.store, "sources").to_arrow().to_pylist()
     assert (stored["tags_fingerprint"], stored["classification"], stored["chunks_version"]) == ("later", 3, version + 2)
 
@@ -89,7 +89,7 @@ def test_two_writers_recording_a_new_document_at_once_leave_only_the_later_commi
 
         def record_it(store: Store, stamp: int, fingerprint: str, doc_id: str = doc_id) -> None:
             start.wait(30)
-            store.sources.record([{**record, "doc_id": doc_id, "tags_fingerprint": fingerprint}], chunks_version=stamp)
+            store.sources.record([{**record, "doc_id": doc_id, "tags_fingerprint": fingerprint}], chunks_version=stamp, insert=True)
 
         writers = [threading.Thread(target=record_it, args=(fresh_warehouse.store, version + 1, "earlier")),
                    threading.Thread(target=record_it, args=(replica, version + 2, "later"))]  # fmt: skip

@@ -28,3 +28,18 @@ def racing(first: Any, monkeypatch: pytest.MonkeyPatch, rival: Callable[[], obje
 
     monkeypatch.setattr(first.store.chunks, "write", interleaved)
     return planned
+
+
+def between_commit_and_record(first: Any, monkeypatch: pytest.MonkeyPatch, rival: Callable[[], object]) -> None:
+    """Make ``first``'s next source-record write run ``rival()`` (another replica's write) just
+    before it: ``first``'s chunks are committed, the record saying so not yet written."""
+    record = first.store.sources.record
+    raced: list[bool] = []
+
+    def late(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not raced:
+            raced.append(True)
+            rival()
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(first.store.sources, "record", late)
