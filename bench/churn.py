@@ -18,7 +18,9 @@ For each mode (vector, fts, hybrid):
 p50 and p99 of each, and every hit checked against an oracle computed apart from the search path
 (a row is readable when its group is one of the caller's; the writer's rows name their group in
 their id): a hit outside it is a leak. Targets (#34): at 1M rows, ``first`` p99 <= 50 ms and
-``churn`` p99 <= 3x ``warm`` p50 in every mode; 0 leaks. Writes ``churn-ROWS.json``.
+``churn`` p99 <= 3x ``warm`` p50 in every mode; 0 leaks; and, in this process over the same
+world (``reader_work``), the bytes a replica holds per 1M rows (index, tags, terms) and the time a
+commit of 100 rows (an append, a re-tag) costs each reader: <= 20 ms. Writes ``churn-ROWS.json``.
 
     python -m ragwarden.bench.churn [--rows 100000] [--users 1000] [--first 100] [--seconds 20]
 """
@@ -43,7 +45,8 @@ import numpy as np
 
 from ..config import Settings
 from ..governance.policy import Policy
-from ..state import Store
+from ..retrieval.search import Searcher
+from ..state import ChunkWrite, Store
 from ..warehouse import Warehouse
 from .peer_data import BenchRows
 from .serve import free_port, serve_replica, token_for
@@ -167,6 +170,65 @@ def _searches(url: str, world: ChurnWorld, callers: list[str], mode: str, rng: n
                p99_ms=round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2), leaks=leaks, errors=errors)  # fmt: skip
 
 
+def _serving_ready(url: str, user: str, timeout: float = 1800.0) -> dict[str, Any]:
+    """Wait for the replica's serving index (and its resident tags) to be built: the first search
+    that could use it starts the build; a deployment's replica serves from it once warm."""
+    began = time.monotonic()
+    with httpx.Client(timeout=120) as http:
+        http.post(f"{url}/v1/search", json={"query": "term0001", "k": 10},
+                  headers={"Authorization": f"Bearer {token_for(user, TENANT)}"})  # fmt: skip
+        while time.monotonic() - began < timeout:
+            serving = http.get(f"{url}/readyz").json()["serving_index"]
+            if serving["state"] != "building":  # built, or none to build (too small a table, no budget)
+                return serving | {"waited_seconds": round(time.monotonic() - began, 1)}
+            time.sleep(1.0)
+    raise RuntimeError(f"the serving index was not built within {timeout:.0f} s")
+
+
+def reader_work(uri: str, rows: int, commits: int = 10, batch: int = 100, seed: int = 5) -> dict[str, Any]:
+    """What a reader holds and pays per commit, in this process over the world at ``uri``: the
+    serving index loaded with every row's tags and terms (bytes of each part), then ``commits``
+    appends and as many re-tags of ``batch`` of the world's ``rows`` rows, each followed by moving the state to the new
+    version (milliseconds: the work every reader does once per commit)."""
+    store = Store(uri, dimension=DIMENSION)
+    searcher = Searcher(store.read_doors(), None, resident_index_bytes=2**34, resident_min_rows=0)  # type: ignore[arg-type]
+    began = time.perf_counter()
+    searcher.serving.build_now()
+    state = searcher.serving.state(store.chunks.version)
+    assert state is not None
+    loaded = time.perf_counter() - began
+    parts = {"index": state.index.nbytes, "tags": state.tags.nbytes, "terms": state.terms.nbytes}
+    rng = np.random.default_rng(seed)
+    timings: dict[str, list[float]] = {"append": [], "retag": []}
+    for n in range(commits):
+        vectors = rng.standard_normal((batch, DIMENSION)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        ids = [f"x{n:03d}-{i:04d}" for i in range(batch)]
+        append_rows(store, BenchRows(ids=ids, vectors=vectors, tenant=[TENANT] * batch, acl_allow=[[group(n % GROUPS)]] * batch,
+                                     acl_deny=[[] for _ in ids], labels=[[] for _ in ids],
+                                     classification=np.zeros(batch, dtype=np.int8)), texts=texts(rng, batch))  # fmt: skip
+        state, took = _moved(searcher, state)
+        timings["append"].append(took)
+        chosen = [f"r{i:07d}" for i in rng.choice(rows, min(batch, rows), replace=False)]
+        store.chunks.write(lambda snapshot, ids=chosen, g=group((n + 1) % GROUPS): (ChunkWrite(
+            rows=[{**row, "acl_allow": [g]} for row in snapshot.rows(ids).values()]), None), what="re-tagging rows")  # fmt: skip
+        state, took = _moved(searcher, state)
+        timings["retag"].append(took)
+    return {"load_seconds": round(loaded, 1), "bytes": parts, "rows": state.index.rows,
+            "bytes_per_million_rows": {k: round(v * 1e6 / state.index.rows) for k, v in parts.items()},
+            "commit_rows": batch,
+            "move_ms": {k: {"p50": round(statistics.median(v), 2), "max": round(max(v), 2)} for k, v in timings.items()}}  # fmt: skip
+
+
+def _moved(searcher: Searcher, state: Any) -> tuple[Any, float]:
+    """The state moved to the table's latest version, and the milliseconds that took."""
+    began = time.perf_counter()
+    moved = searcher.serving.state(searcher.chunks.latest_version())
+    took = (time.perf_counter() - began) * 1000
+    assert moved is not None and moved.version > state.version
+    return moved, took
+
+
 def run(rows: int, users: int, first: int, seconds: float, batch: int, folder: Path) -> dict[str, Any]:
     """Build the world in ``folder``, serve it, and measure every mode; the record ``main`` writes."""
     started = time.perf_counter()
@@ -179,6 +241,7 @@ def run(rows: int, users: int, first: int, seconds: float, batch: int, folder: P
     everyone = sorted(world.memberships)
     record: dict[str, Any] = {"rows": rows, "users": users, "groups": GROUPS, "build_seconds": round(built, 1), "modes": {}}
     try:
+        record["serving_index"] = _serving_ready(url, everyone[-1])
         fresh = iter(everyone[1:])  # the first is the warm caller
         for mode in MODES:
             warm_caller = everyone[0]
@@ -207,6 +270,9 @@ def run(rows: int, users: int, first: int, seconds: float, batch: int, folder: P
                                 "churn_p99_le_3x_warm_p50": cells["churn"]["p99_ms"] <= 3 * cells["warm"]["p50_ms"],
                                 "no_leak": all(cells[k]["leaks"] == 0 for k in ("warm", "first", "churn"))}
                          for mode, cells in record["modes"].items()}  # fmt: skip
+    record["reader_work"] = work = reader_work(world.uri, rows)
+    record["targets"]["reader"] = {f"{kind}_of_{work['commit_rows']}_rows_le_20ms": cell["max"] <= 20
+                                   for kind, cell in work["move_ms"].items()}  # fmt: skip
     record["machine"] = {"cpus": os.cpu_count(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     return record
 
@@ -231,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {cells['first']['p99_ms']:8.1f} ms | churn p50 {cells['churn']['p50_ms']:8.1f} "
               f"p99 {cells['churn']['p99_ms']:8.1f} ms ({cells['churn']['commits']} commits) | leaks "
               f"{sum(cells[k]['leaks'] for k in ('warm', 'first', 'churn'))}")  # fmt: skip
+    work = record["reader_work"]
+    held = ", ".join(f"{kind} {size // 2**20} MiB" for kind, size in work["bytes"].items())
+    moves = ", ".join(f"{kind} p50 {cell['p50']} ms (max {cell['max']})" for kind, cell in work["move_ms"].items())
+    print(f"reader: {held} for {work['rows']} rows; a commit of {work['commit_rows']} rows moves it in {moves}")
     return 0
 
 

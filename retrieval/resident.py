@@ -115,15 +115,18 @@ class ResidentIndex:
         allowed &= self.usable
         return np.packbits(allowed, bitorder="little")
 
-    def search(self, query: np.ndarray, bitmap: np.ndarray, visible: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, query: np.ndarray, bitmap: np.ndarray, visible: int, k: int, *, exact: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest of the ``visible`` positions ``bitmap`` allows: (positions, cosine),
-        best first. The graph for a broad set, every allowed row scored for a narrow one."""
+        best first. The graph for a broad set, every allowed row scored for a narrow one (and for
+        any when ``exact``: a ranking that depends on the allowed rows alone)."""
         if visible < 1 or k < 1 or self.rows == 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
         selector = faiss.IDSelectorBitmap(self.rows, faiss.swig_ptr(bitmap))
         take = min(k, visible)
         share = visible / self.rows
-        if share >= GRAPH_MIN_SHARE:
+        if share >= GRAPH_MIN_SHARE and not exact:
             params = faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search(take, share))
             scores, found = self.graph.search(query.reshape(1, -1), take, params=params)
         else:  # every allowed row is scored (a row the bitmap refuses is skipped unscored)

@@ -11,7 +11,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
@@ -35,6 +35,7 @@ from .fusion import reciprocal_rank_fusion
 from .hits import CURRENT_COLUMNS, RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
 from .narrowing import Narrow, Narrowing, narrowed
+from .resident_state import ResidentState
 from .serving import ServingIndex
 from .visible_fields import FIELD_COLUMNS, VisibleFields, VisibleIds
 from .visible_rows import Held, VisibleRowCache, VisibleRows
@@ -158,6 +159,10 @@ class Reader:
 
     key: tuple[str, ...]
     counts: Callable[[pa.Table], np.ndarray]
+    view: SubjectView | None = None
+    """The caller's view, for the resident tags to evaluate (None: read through Lance only)."""
+    satisfied: frozenset[str] = frozenset()
+    """The clause tokens the caller satisfies, in the registry its filter was compiled with."""
 
 
 def validate_query(query: str, k: int, mode: str) -> None:
@@ -310,7 +315,8 @@ class Searcher:
         with stage("check"):
             hits, withheld = self.post_check(ranked, view, version, registries.clauses)
         if withheld:  # a row the registries did not know passed the indexed filter: ask again, exactly
-            ranked, version = self.rank(query, query_vector, self.compiled_filter(view), k, mode, reader, narrowing)
+            exactly = replace(reader, view=None)  # through Lance under the exact filter
+            ranked, version = self.rank(query, query_vector, self.compiled_filter(view), k, mode, exactly, narrowing)
             hits, _ = self.post_check(ranked, view, version)
         return SearchResult(hits=hits, withheld=withheld, table_version=version, policy_version=policy.version)
 
@@ -320,7 +326,8 @@ class Searcher:
         def counts(rows: pa.Table) -> np.ndarray:
             return self.decisions.verdicts(view, registries.clauses, rows)
 
-        return Reader(key=(view.policy_version, view.subject, view.tenant, registries.version), counts=counts)
+        return Reader(key=(view.policy_version, view.subject, view.tenant, registries.version), counts=counts,
+                      view=view, satisfied=view.satisfied_clauses(registries.clauses))  # fmt: skip
 
     def query_vector(self, query: str, vector: Sequence[float] | np.ndarray | None) -> np.ndarray:
         """The given vector, checked, or the query's embedding."""
@@ -391,6 +398,12 @@ class Searcher:
         if mode != "vector" and reader is None:
             raise InvalidValueError(f"{mode} ranking counts the statistics of one reader's rows: pass the reader")
         version = self.chunks.version  # the request's freshness check, when one is pinned
+        resident = self._resident_state(reader, mode, vector, version)
+        if resident is not None:  # every row's tags held at this version (or a later one): one pass
+            narrow = self._narrow(narrowing, where, resident.version, reader)
+            if narrowing is None or narrow is not None:
+                ranked = self._ranked_resident(resident, query, vector, k, mode, reader, narrow)  # type: ignore[arg-type]
+                return ranked, resident.version
         for _ in range(3):
             check_deadline()
             exact_version = False
@@ -409,6 +422,47 @@ class Searcher:
                 break
             version = latest
         return ranked, version
+
+    # -- the resident tags: every row's tags in this process, one vectorised pass per caller ---
+
+    def _resident_state(
+        self, reader: Reader | None, mode: str, vector: np.ndarray | None, version: int
+    ) -> ResidentState | None:
+        """The serving index with every row's tags at ``version`` or later, when this search can
+        be answered from it: a caller's view to evaluate, and a query vector where one is ranked."""
+        if reader is None or reader.view is None or (mode != "fts" and not _rankable(vector)):
+            return None
+        if self.serving.usable(self._count("", version)) is None:
+            return None
+        return self.serving.state(version)
+
+    def _ranked_resident(
+        self,
+        state: ResidentState,
+        query: str,
+        vector: np.ndarray,
+        k: int,
+        mode: str,
+        reader: Reader,
+        narrow: Narrow | None,
+    ) -> list[tuple[dict[str, Any], float]]:
+        """The best ``k`` rows ``reader`` may read at ``state``'s version (and ``narrow`` matches),
+        their tags decoded from the resident codes the mask was made from."""
+        check_deadline()
+        allowed = state.visible(reader.view, reader.satisfied)  # type: ignore[arg-type]
+        if narrow is not None:
+            matched = np.zeros(len(allowed), dtype=bool)
+            matched[state.slots_of(narrow.matching)] = True
+            allowed &= matched
+        if mode == "fts":
+            return state.lexical(allowed, query_terms(query), k)
+        unit = np.asarray(vector, dtype=np.float32) / float(np.linalg.norm(vector))
+        if mode == "vector":
+            return state.nearest(unit, allowed, k, exact=False)
+        depth = max(k, HYBRID_CANDIDATES)
+        vector_rows = [row for row, _ in state.nearest(unit, allowed, depth, exact=True)]
+        text_rows = [row for row, _ in state.lexical(allowed, query_terms(query), depth)]
+        return self._fused(vector_rows, text_rows, k)
 
     def plan(self, where: str, version: int) -> str:
         """"flat" (exact scan of the rows ``where`` admits), "resident" (this process's serving
@@ -711,6 +765,11 @@ class Searcher:
         depth = max(k, HYBRID_CANDIDATES)
         vector_rows, _ = self._vector(vector, where, depth, version, exact=True, narrowing=narrowing, narrow=narrow)
         text_rows = [row for row, _ in self._lexical(query, where, depth, version, reader, narrowing, narrow)]
+        return self._fused(vector_rows, text_rows, k)
+
+    @staticmethod
+    def _fused(vector_rows: list[dict[str, Any]], text_rows: list[dict[str, Any]], k: int) -> list[tuple[dict[str, Any], float]]:
+        """The two rankings of one caller's rows fused by reciprocal rank."""
         rows = {row["chunk_id"]: row for row in [*text_rows, *vector_rows]}
         fused = reciprocal_rank_fusion([[r["chunk_id"] for r in vector_rows], [r["chunk_id"] for r in text_rows]])
         return [(rows[chunk_id], score) for chunk_id, score in fused[:k]]
@@ -758,3 +817,11 @@ class Searcher:
                 log.error("post-check withheld chunk %s the filter passed: %s", row.get("chunk_id"), decision.reason)
                 withheld += 1
         return admitted, withheld
+
+
+def _rankable(vector: np.ndarray | None) -> bool:
+    """Whether ``vector`` can be ranked by cosine (present, finite, not zero)."""
+    if vector is None:
+        return False
+    norm = float(np.linalg.norm(vector))
+    return math.isfinite(norm) and norm > 0

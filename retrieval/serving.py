@@ -29,6 +29,7 @@ from ..stages import work
 from ..state import ReadDoors
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
 from .resident import ResidentIndex, resident_bytes
+from .resident_state import ResidentState, advanced, build_state
 from .visible_rows import unit_vectors
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ class ServingIndex:
         self._lock = threading.Lock()
         self._building = False
         self._status = ServingStatus(state="off" if budget_bytes <= 0 else "idle")
+        self._state: ResidentState | None = None
+        self._state_lock = threading.Lock()
 
     def status(self) -> ServingStatus:
         return self._status
@@ -134,6 +137,25 @@ class ServingIndex:
         if index is None:
             self._start_build(table_rows)
         return index
+
+    def state(self, version: int) -> ResidentState | None:
+        """The index with every row's tags at ``version`` or later (moved there by the commits
+        since, once per version for the whole process); None until the index and its tags are
+        built, or when a version they need is gone (they are then built again)."""
+        state = self._state
+        if state is None or state.version >= version:
+            return state
+        with self._state_lock:
+            state = self._state
+            if state is None or state.version >= version:
+                return state
+            moved = advanced(state, self._chunks, max(version, self._chunks.latest_version()))
+            self._state = moved
+        if moved is None:
+            self._start_build(self._chunks.count(), replace=True)
+        elif moved.fresh_rows > max(1, REBUILD_SHARE * moved.index.rows):
+            self._start_build(moved.index.rows + moved.fresh_rows, replace=True)
+        return moved
 
     def view(self, index: ResidentIndex, where: str, version: int) -> ResidentView | None:
         """The rows ``where`` admits at ``version`` as ``index`` sees them; None when that version is
@@ -203,8 +225,15 @@ class ServingIndex:
         ):
             version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
             index = ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
+        state = build_state(self._chunks, index)
+        if state is None:  # the artifact's version is gone: the table's latest rows
+            version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
+            index = ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
+            state = build_state(self._chunks, index)
         self._index = index
-        self._status = ServingStatus(state="ready", version=index.version, rows=index.rows, bytes=index.nbytes)
+        self._state = state
+        held = index.nbytes + (state.nbytes if state is not None else 0)
+        self._status = ServingStatus(state="ready", version=index.version, rows=index.rows, bytes=held)
         threading.Thread(target=index.warm, name="resident-index-warm", daemon=True).start()
         return index
 

@@ -133,6 +133,55 @@ class ChunkReads(Door):
         work("rows_read", table.num_rows)
         return table
 
+    # -- fragments: what a commit changed ----------------------------------------------------
+
+    def fragments_at(self, version: int) -> dict[int, tuple[str, str]] | None:
+        """Each data fragment of the table at ``version``: the names of its data files, and of
+        the file marking its removed rows ("" for none). Lance writes a commit's new rows in
+        fragments of their own, marks the rows it removes in a new deletion file, and rewrites a
+        fragment's data files when it updates columns in place, so two versions' maps say which
+        fragments a commit added, rewrote, or removed rows from. None when that version is gone
+        (a purge removed it)."""
+        dataset = self._at(version)
+        if dataset is None:
+            return None
+        return {
+            fragment.fragment_id: (" ".join(f.path for f in fragment.data_files()), fragment.deletion_file() or "")
+            for fragment in dataset.get_fragments()
+        }
+
+    def fragment_rows(self, version: int, fragment_ids: Sequence[int], columns: Sequence[str]) -> pa.Table | None:
+        """The live rows of ``fragment_ids`` at ``version`` with ``columns`` and ``_rowaddr``
+        (fragment id in the high 32 bits, the row's offset in it in the low); None when that
+        version is gone."""
+        dataset = self._at(version)
+        if dataset is None:
+            return None
+        try:
+            tables = [dataset.get_fragment(f).to_table(columns=list(columns), with_row_address=True) for f in fragment_ids]
+        except (OSError, pa.ArrowException) as exc:
+            if is_missing_file(exc):
+                return None
+            raise
+        found = pa.concat_tables(tables) if tables else None
+        if found is None:
+            empty = dataset.schema.empty_table().select(list(columns))
+            found = empty.append_column("_rowaddr", pa.array([], pa.uint64()))
+        work("rows_read", found.num_rows)
+        return found
+
+    def _at(self, version: int) -> Any:
+        """The dataset at ``version``, or None when that version is gone."""
+        dataset = self._table.to_lance()
+        if dataset.version == version:
+            return dataset
+        try:
+            return dataset.checkout_version(version)
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            if is_missing_file(exc) or "not found" in str(exc).lower():
+                return None
+            raise
+
     def read_rows_at(self, version: int, where: str, chunk_ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
         """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if that version is
         gone, ``read_at``): by an IN list, or past ``IN_LIST_MAX_IDS`` ids by reading every admitted

@@ -257,7 +257,8 @@ def test_rows_a_caller_cannot_read_change_no_answer_and_no_counted_work_on_the_s
     worlds: dict[str, Path], embedder: Embedder
 ):
     """The plan of a caller who may read many rows of a large table: the serving index (built here
-    over each small table), the caller's rows a bitmap over it, a filter's matches mapped into it.
+    over each small table) with every row's tags and terms resident, the caller's rows a mask over
+    them, a filter's matches mapped into it; in every mode.
     The walk of its graph is not counted (SECURITY.md, guarantee 34, says what that leaves); what
     is read, filtered and scored besides is, and stays the same."""
 
@@ -267,13 +268,14 @@ def test_rows_a_caller_cannot_read_change_no_answer_and_no_counted_work_on_the_s
         searcher.serving.build_now()
         vector = embedder.encode([QUERIES[0]])[0]
         seen: Observed = {}
-        for narrow in FILTERS:
-            with counting() as work:
-                found = searcher.search(QUERIES[0], policy=warehouse.policy, caller=Caller(subject=READER, tenant=TENANT),
-                                        k=5, vector=vector, narrowing=narrowing(narrow))  # fmt: skip
-            assert searcher.plan(searcher.prefilter(searcher.view(warehouse.policy, Caller(subject=READER, tenant=TENANT))),
-                                 found.table_version) == "resident"  # fmt: skip
-            seen[f"{narrow}"] = (json.dumps([hit.as_dict() for hit in found.hits]), dict(work))
+        for mode in MODES:
+            for narrow in FILTERS:
+                with counting() as work:
+                    found = searcher.search(QUERIES[0], policy=warehouse.policy, caller=Caller(subject=READER, tenant=TENANT),
+                                            k=5, vector=vector, narrowing=narrowing(narrow), mode=mode)  # fmt: skip
+                assert searcher.plan(searcher.prefilter(searcher.view(warehouse.policy, Caller(subject=READER, tenant=TENANT))),
+                                     found.table_version) == "resident"  # fmt: skip
+                seen[f"{mode} {narrow}"] = (json.dumps([hit.as_dict() for hit in found.hits]), dict(work))
         return seen
 
     base = observed("base")

@@ -30,4 +30,7 @@ def test_a_small_churn_run_answers_every_search_with_no_leak_while_the_writer_co
         assert cells["first"]["searches"] == 5 and cells["warm"]["searches"] == 30, mode
         assert cells["churn"]["searches"] > 0 and cells["churn"]["commits"] > 0, f"{mode}: the writer committed nothing"
         assert all(cells[k]["errors"] == 0 and cells[k]["leaks"] == 0 for k in ("warm", "first", "churn")), cells
-    assert set(record["targets"]) == set(MODES) and record["machine"]["cpus"]
+    assert set(record["targets"]) == {*MODES, "reader"} and record["machine"]["cpus"]
+    work = record["reader_work"]
+    assert work["rows"] >= 2_000 and set(work["bytes"]) == {"index", "tags", "terms"}
+    assert set(work["move_ms"]) == {"append", "retag"} and all(cell["max"] > 0 for cell in work["move_ms"].values())

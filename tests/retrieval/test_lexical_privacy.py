@@ -117,6 +117,28 @@ def test_full_text_scores_are_bm25_over_exactly_the_rows_the_oracle_lets_her_rea
         assert [hit.score for hit in hits] == pytest.approx([score for _, score in expected], rel=0, abs=1e-6)
 
 
+def _resident(warehouse: Warehouse) -> Searcher:
+    """A searcher over ``warehouse`` whose serving index, with every row's tags and terms, is built."""
+    searcher = Searcher(warehouse.store.read_doors(), warehouse.embedder, resident_index_bytes=2**28, resident_min_rows=0)
+    searcher.serving.build_now()
+    return searcher
+
+
+@pytest.mark.parametrize(("subject", "tenant"), PEOPLE)
+def test_resident_terms_score_bm25_over_exactly_the_rows_the_oracle_lets_her_read(
+    demo_warehouse: Warehouse, demo_rows: list[dict], demo_oracle: Any, subject: str, tenant: str
+) -> None:
+    searcher = _resident(demo_warehouse)
+    caller = Caller(subject=subject, tenant=tenant)
+    rows = [row for row in demo_rows if row["chunk_id"] in demo_oracle(subject, tenant)]
+    for question in ASKED:
+        found = searcher.search(question, policy=demo_warehouse.policy, caller=caller, k=10, mode="fts")
+        assert searcher.serving.state(found.table_version) is not None, "answered from the resident terms"
+        expected = bm25_ranking(rows, question, 10)
+        assert [hit.chunk_id for hit in found.hits] == [chunk_id for chunk_id, _ in expected], question
+        assert [hit.score for hit in found.hits] == pytest.approx([score for _, score in expected], rel=0, abs=1e-6)
+
+
 def test_a_caller_who_may_read_every_row_gets_lances_own_scores(demo_policy_warehouse: Warehouse) -> None:
     """The analyser and the constants are Lance's: over a table the caller may read in full, the
     visible rows' statistics are the index's, and the scores are the ones Lance's index gives."""
@@ -210,12 +232,17 @@ def _search(
     database=None,
 )
 @given(corpus=corpora())
-def test_a_callers_answer_is_the_answer_once_every_row_it_may_not_read_is_deleted(corpus: tuple[Any, ...]) -> None:
+@pytest.mark.parametrize("plan", ["read per caller", "resident"])
+def test_a_callers_answer_is_the_answer_once_every_row_it_may_not_read_is_deleted(corpus: tuple[Any, ...], plan: str) -> None:
     world, reader, tenant, tags, texts, vectors, query, k = corpus
     policy = Policy.from_text(world.csv_text())
     with tempfile.TemporaryDirectory() as folder:
         store = _write(folder, tags, texts, vectors)
-        searcher = Searcher(store.read_doors(), None)  # type: ignore[arg-type]
+        if plan == "resident":  # every row's tags and terms held, moved by the deletion's delta
+            searcher = Searcher(store.read_doors(), None, resident_index_bytes=2**26, resident_min_rows=0)  # type: ignore[arg-type]
+            searcher.serving.build_now()
+        else:
+            searcher = Searcher(store.read_doors(), None)  # type: ignore[arg-type]
         rows = raw_table(store).to_arrow().to_pylist()
         visible = oracle_visible(world, reader, tenant, rows, store.registries.clauses())
         answers = {mode: _search(searcher, policy, reader, tenant, query, k, mode) for mode in ("fts", "hybrid")}
