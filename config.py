@@ -202,6 +202,9 @@ class Settings:
     Lance (0: never build one).
     ``embed_window_docs`` is how many documents' new text an ingest embeds in one call before
     committing them ``write_batch_docs`` at a time (larger: fuller model batches, more memory).
+    ``ingest_maintenance``: each ingest folds its rows into the indexes and merges small fragments
+    once enough is due (False: leave that to ``ragwarden optimize`` on a schedule, so a connector
+    committing every second never waits for it; rows not yet indexed are still searched).
     ``ray_actors`` is how many actors chunk and embed in a Ray ingest (None: one per GPU, else
     half the CPUs, at most 4).
     ``storage_options`` configure an object-store warehouse (``s3://bucket/prefix``...): Lance's
@@ -224,6 +227,7 @@ class Settings:
     embed_cache_dir: Path | None = None
     write_batch_docs: int = 64
     embed_window_docs: int = 512
+    ingest_maintenance: bool = True
     audit_key: bytes | None = field(default=None, repr=False)
     audit_retired_keys: tuple[bytes, ...] = field(default=(), repr=False)
     audit_key_seal: str | None = None
@@ -290,6 +294,8 @@ class Settings:
             values["audit_key_seal"] = env["RAGWARDEN_AUDIT_KEY_SEAL"].strip()
         if env.get("RAGWARDEN_AUDIT_RAW_QUERIES"):
             values["audit_raw_queries"] = env["RAGWARDEN_AUDIT_RAW_QUERIES"].lower() in ("1", "true", "yes")
+        if env.get("RAGWARDEN_INGEST_MAINTENANCE"):
+            values["ingest_maintenance"] = env["RAGWARDEN_INGEST_MAINTENANCE"].lower() not in ("0", "false", "no")
         if env.get("RAGWARDEN_SERVER_TIMING"):
             values["server_timing"] = env["RAGWARDEN_SERVER_TIMING"].lower() in ("1", "true", "yes")
         if env.get("RAGWARDEN_METRICS"):

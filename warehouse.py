@@ -544,6 +544,7 @@ class Warehouse:
                 window_docs=self.settings.embed_window_docs,
                 total=total,
                 overrides=overrides,
+                maintain=self.settings.ingest_maintenance,
             )
 
         def output(report: IngestReport) -> ChunksOutput:

@@ -46,6 +46,7 @@ import numpy as np
 from ..config import Settings
 from ..governance.policy import Policy
 from ..retrieval.search import Searcher
+from ..retrieval.serving import store_artifact
 from ..state import ChunkWrite, Store
 from ..warehouse import Warehouse
 from .peer_data import BenchRows
@@ -94,7 +95,8 @@ def texts(rng: np.random.Generator, count: int) -> list[str]:
 
 
 def build(folder: Path, rows: int, users: int, *, seed: int = 34) -> ChurnWorld:
-    """The world of ``rows`` rows and ``users`` users in ``folder``, its policy installed, optimized."""
+    """The world of ``rows`` rows and ``users`` users in ``folder``, its policy installed, optimized,
+    the serving index (with the rows' terms) stored for the replica to load."""
     rng = np.random.default_rng(seed)
     shares = zipf(GROUPS)
     row_groups = rng.choice(GROUPS, size=rows, p=shares)
@@ -111,13 +113,16 @@ def build(folder: Path, rows: int, users: int, *, seed: int = 34) -> ChurnWorld:
     lines = [f"g, user:{user}, {group(g)}, {TENANT}" for user, groups in memberships.items() for g in sorted(groups)]
     store.policies.install(Policy.from_text("\n".join(lines), source="churn world"))
     store.maintenance.optimize()
+    store_artifact(store.read_doors())  # as ``ragwarden optimize`` does: the index a replica loads
     return ChurnWorld(uri=str(folder), memberships=memberships, row_group={i: int(g) for i, g in zip(ids, row_groups, strict=True)})
 
 
 def _writer(uri: str, batch: int, stop: Any, committed: Any, seed: int) -> None:
     """A writer process: ``batch`` new rows every second, each readable by one group, until ``stop``."""
     rng = np.random.default_rng(seed)
-    warehouse = Warehouse(Settings(warehouse=uri, policy=None))
+    # Index upkeep left to a scheduled ``optimize``, as a shared deployment runs it: at 1M rows one
+    # fold after an ingest took over 40 s, and this writer would commit nothing meanwhile.
+    warehouse = Warehouse(Settings(warehouse=uri, policy=None, ingest_maintenance=False))
     n = 0
     while not stop.is_set():
         began = time.monotonic()

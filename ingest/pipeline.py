@@ -236,6 +236,7 @@ def run_ingest(
     window_docs: int = EMBED_WINDOW_DOCS,
     total: Callable[[], int] | None = None,
     overrides: Overrides = Overrides(),
+    maintain: bool = True,
 ) -> IngestReport:
     """Write every valid record, batch by batch; each batch is one commit.
 
@@ -245,7 +246,8 @@ def run_ingest(
     With ``progress`` (by default, on a terminal) a bar counts inputs against ``total()`` (asked
     only then), with chunks and documents a second and the time left, moving as chunks are
     embedded (``IngestProgress``). A record whose id another source holds, or an erased one, is
-    rejected unless ``overrides`` allows it.
+    rejected unless ``overrides`` allows it. ``maintain``: fold the rows into the indexes and merge
+    small fragments once enough is due (else ``optimize`` does it when run).
     """
     started = time.perf_counter()
     run_id = str(uuid.uuid4())
@@ -299,7 +301,7 @@ def run_ingest(
                 if len(batch) >= batch_docs:
                     flush()
         flush(final=True)
-    if written:
+    if written and maintain:
         doors.maintenance.optimize(batched=True)
     return IngestReport(
         run_id=run_id,

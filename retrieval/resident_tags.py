@@ -249,7 +249,7 @@ class ResidentTags:
     catalog: SetCatalog = field(repr=False)
     row_sets: np.ndarray  # (rows,) int32 set code per row slot
     citations: np.ndarray  # (rows, 2) int32 codes of each slot's source uri and metadata
-    fragments: Mapping[int, tuple[str, str]]  # fragment id -> (its data files, its deletion mark) at this version
+    fragments: Mapping[int, tuple[str, str, int]]  # fragment id -> (its data files, its deletion mark, rows marked)
     addresses: Mapping[int, tuple[np.ndarray, np.ndarray]]  # fragment -> (offsets sorted, row slots)
 
     @property

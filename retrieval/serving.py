@@ -2,13 +2,15 @@
 what, and how a search uses it.
 
 The index is built on a thread of its own the first time a search could use it (from the newest
-artifact ``optimize`` stored in the warehouse, else from the table), and again once the rows
-written since its version outgrow ``REBUILD_SHARE`` of it; until then searches go through Lance
-as before. A caller's visible set is read at the search's version through its compiled filter
-(ids and tags, once per filter and version) and becomes a bitmap over the index; visible rows the
-index does not hold are read with their vectors and scored exactly beside it. Nothing here can
-widen what a caller sees: the bitmap is the filter's rows at that version, and every hit is still
-post-checked.
+artifact ``optimize`` stored in the warehouse, else from the table), with every row's tags and
+terms beside it (``resident_state``), and again once the rows written since its version outgrow
+``REBUILD_SHARE`` of it; until then searches go through Lance as before. A search at a newer
+table version first moves the resident state there by the commits' delta (once per version for
+the whole process, on the state's own thread), then evaluates its caller's rule over the resident
+tags. Where no state can be had (a version gone), a caller's visible set is read through its
+compiled filter (ids and tags, once per filter and version) and becomes a bitmap over the index.
+Nothing here can widen what a caller sees (SECURITY.md, guarantee 36): the mask is the rule over
+the tags at that version, and every hit is still post-checked.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,7 +32,8 @@ from ..stages import work
 from ..state import ReadDoors
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
 from .resident import ResidentIndex, resident_bytes
-from .resident_state import ResidentState, advanced, build_state
+from .resident_lexical import ResidentTerms
+from .resident_state import ResidentState, advanced, build_state, index_terms
 from .visible_rows import unit_vectors
 
 log = logging.getLogger(__name__)
@@ -116,6 +120,7 @@ class ServingIndex:
         self._status = ServingStatus(state="off" if budget_bytes <= 0 else "idle")
         self._state: ResidentState | None = None
         self._state_lock = threading.Lock()
+        self._follower = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resident-state")
 
     def status(self) -> ServingStatus:
         return self._status
@@ -149,7 +154,10 @@ class ServingIndex:
             state = self._state
             if state is None or state.version >= version:
                 return state
-            moved = advanced(state, self._chunks, max(version, self._chunks.latest_version()))
+            # On this process's own thread: the work is the commit's, not the search's that came first
+            # (its counted work stays a function of its caller's rows), and is done once for all.
+            target = max(version, self._chunks.latest_version())
+            moved = self._follower.submit(advanced, state, self._chunks, target).result()
             self._state = moved
         if moved is None:
             self._start_build(self._chunks.count(), replace=True)
@@ -225,7 +233,7 @@ class ServingIndex:
         ):
             version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
             index = ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
-        state = build_state(self._chunks, index)
+        state = build_state(self._chunks, index, load_terms(self._doors, index))
         if state is None:  # the artifact's version is gone: the table's latest rows
             version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
             index = ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
@@ -252,11 +260,28 @@ def store_artifact(doors: ReadDoors) -> ResidentIndex | None:
         out.write_table(rows)
     stem = f"chunks-{version:012d}"
     files.put(f"{stem}.rows", sink.getvalue().to_pybytes())
+    files.put(f"{stem}.terms", index_terms(index).to_bytes())
     files.put(f"{stem}.faiss", index.to_bytes())  # last: its presence marks a whole artifact
     for name in files.names():
         if not name.startswith(stem):
             files.remove(name)
     return index
+
+
+def load_terms(doors: ReadDoors, index: ResidentIndex) -> ResidentTerms | None:
+    """The terms stored beside ``index``'s artifact (its rows analysed when it was stored), or
+    None: an index built here, an artifact of an earlier release, or one unreadable (the rows are
+    then analysed at load)."""
+    files = doors.artifacts
+    stored = None if files is None else files.get(f"chunks-{index.version:012d}.terms")
+    if stored is None:
+        return None
+    try:
+        terms = ResidentTerms.from_bytes(stored)
+    except (pa.ArrowException, ValueError) as exc:
+        log.warning("the terms stored beside the serving index are unreadable (analysing the rows): %s", exc)
+        return None
+    return terms if len(terms.lengths) == index.rows else None
 
 
 def load_artifact(doors: ReadDoors) -> ResidentIndex | None:

@@ -135,9 +135,25 @@ class ChunkReads(Door):
 
     # -- fragments: what a commit changed ----------------------------------------------------
 
-    def fragments_at(self, version: int) -> dict[int, tuple[str, str]] | None:
-        """Each data fragment of the table at ``version``: the names of its data files, and of
-        the file marking its removed rows ("" for none). Lance writes a commit's new rows in
+    def commit_kinds(self, since: int, until: int) -> list[str] | None:
+        """What each commit after ``since`` up to ``until`` was, as Lance records it (``Update``
+        with its mode, ``Append``, ``Delete``, ``Rewrite``...); None when a record is gone."""
+        try:
+            found = self._table.to_lance().delta(begin_version=since, end_version=until).list_transactions()
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            if is_missing_file(exc) or "not found" in str(exc).lower():
+                return None
+            raise
+        kinds = []
+        for transaction in found:
+            operation = transaction.operation
+            mode = getattr(operation, "update_mode", None)
+            kinds.append(type(operation).__name__ + (f":{mode}" if mode else ""))
+        return kinds
+
+    def fragments_at(self, version: int) -> dict[int, tuple[str, str, int]] | None:
+        """Each data fragment of the table at ``version``: the names of its data files, of the
+        file marking its removed rows ("" for none), and how many rows that file marks. Lance writes a commit's new rows in
         fragments of their own, marks the rows it removes in a new deletion file, and rewrites a
         fragment's data files when it updates columns in place, so two versions' maps say which
         fragments a commit added, rewrote, or removed rows from. None when that version is gone
@@ -146,9 +162,10 @@ class ChunkReads(Door):
         if dataset is None:
             return None
         return {
-            fragment.fragment_id: (" ".join(f.path for f in fragment.data_files()), fragment.deletion_file() or "")
+            fragment.fragment_id: (" ".join(f.path for f in fragment.data_files()), fragment.deletion_file() or "",
+                                   fragment.num_deletions)
             for fragment in dataset.get_fragments()
-        }
+        }  # fmt: skip
 
     def fragment_rows(self, version: int, fragment_ids: Sequence[int], columns: Sequence[str]) -> pa.Table | None:
         """The live rows of ``fragment_ids`` at ``version`` with ``columns`` and ``_rowaddr``

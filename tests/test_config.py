@@ -29,6 +29,7 @@ def test_ingest_and_embedding_knobs_come_from_the_environment():
     settings = Settings.from_env(env)
     assert (settings.embed_device, settings.embed_batch_size, settings.write_batch_docs, settings.ray_actors) == ("cpu", 64, 8, 3)
     assert (Settings().embed_device, Settings().embed_batch_size, Settings().ray_actors) == ("auto", None, None)
+    assert Settings().ingest_maintenance and not Settings.from_env({"RAGWARDEN_INGEST_MAINTENANCE": "0"}).ingest_maintenance
 
 
 @pytest.mark.parametrize(

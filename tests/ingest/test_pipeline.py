@@ -91,3 +91,19 @@ def test_the_progress_bar_counts_inputs_against_their_total_and_moves_while_embe
     assert done and done[-1] == 41, frames[-3:]
     assert any(1 < n < 41 for n in done), f"the bar moved only at the commit: {done}"
     assert re.search(r"\d+ chunks, [\d.]+ chunks/s, [\d.]+ docs/s", frames[-1]), frames[-1]
+
+
+def test_with_ingest_maintenance_off_an_ingest_only_commits_its_rows(fresh_warehouse, make_record):
+    """Maintenance left to a scheduled ``optimize``: each ingest adds its fragment and nothing else,
+    and its rows are searched all the same."""
+    from dataclasses import replace as replaced
+
+    from ragwarden.warehouse import Warehouse
+
+    settings = replaced(fresh_warehouse.settings, ingest_maintenance=False)
+    writer = Warehouse(settings, embedder=fresh_warehouse.embedder)
+    for n in range(12):
+        version = writer.store.chunks.latest_version()
+        assert writer.ingest_records([make_record(id=f"doc-{n}", text=f"note number {n} about pumps")]).ok
+        assert writer.store.chunks.latest_version() == version + 1, "one commit: the rows, no fold or merge"
+    assert writer.store.chunks.count() == 12

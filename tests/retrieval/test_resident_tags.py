@@ -93,7 +93,8 @@ def _retag(warehouse: Warehouse, ids: list[str], allow: list[str], labels: list[
     warehouse.store.chunks.write(plan, what="re-tagging rows for a test")
 
 
-@pytest.mark.parametrize("commit", ["append", "retag", "column update", "delete", "compaction"])
+@pytest.mark.parametrize("commit", ["append", "retag", "column update", "delete", "compaction", "retag then delete",
+                                    "duplicate appended then retag"])
 def test_a_state_moved_by_a_commits_delta_equals_one_built_afresh(indexed_warehouse: Warehouse, small_world: World, commit: str):
     store = indexed_warehouse.store
     searcher = _resident_searcher(indexed_warehouse)
@@ -111,6 +112,14 @@ def test_a_state_moved_by_a_commits_delta_equals_one_built_afresh(indexed_wareho
                                                "acl_allow": [["user:nobody"]] * 40}, schema=fields))  # fmt: skip
     elif commit == "delete":
         store.chunks.delete(some)
+    elif commit == "retag then delete":  # two commits, one delta: rows rewritten, others removed
+        _retag(indexed_warehouse, some[:20], [group_of(indexed_warehouse, reader)], ["hr"])
+        store.chunks.delete(some[20:])
+    elif commit == "duplicate appended then retag":  # an append that removes nothing beside a merge
+        fields = store.chunks.schema
+        duplicate = store.chunks.read_at(None, f"chunk_id = '{some[0]}'", fields.names).cast(fields)
+        store.chunks.load_rows(duplicate)
+        _retag(indexed_warehouse, some[1:10], [group_of(indexed_warehouse, reader)], ["hr"])
     else:
         append_rows(store, new_rows(small_world, 25, group_of(indexed_warehouse, reader)))
         store.chunks.delete(some[:5])
@@ -127,7 +136,7 @@ def test_moving_the_state_past_an_append_reads_the_rows_written_and_no_others(in
     with counting() as measured:
         moved = advanced(state, store.chunks, store.chunks.latest_version())  # type: ignore[arg-type]
     assert moved is not None and moved.fresh_rows == 100
-    assert measured["rows_read"] == 100
+    assert measured["rows_read"] == 2 * 100, "the new rows' tags, then their content and vectors: nothing else"
 
 
 def test_a_narrowing_retag_is_applied_by_the_very_next_search(indexed_warehouse: Warehouse, small_world: World):
@@ -141,3 +150,17 @@ def test_a_narrowing_retag_is_applied_by_the_very_next_search(indexed_warehouse:
     again = searcher.search("q", policy=policy, caller=caller, k=10, vector=query)
     assert not {h.chunk_id for h in first} & {h.chunk_id for h in again.hits}
     assert again.withheld == 0 and again.table_version == indexed_warehouse.store.chunks.latest_version()
+
+
+def test_callers_never_seen_leave_nothing_held_per_caller(indexed_warehouse: Warehouse, small_world: World):
+    """The resident plan keeps one state per process; a caller's mask lives for its search."""
+    searcher = _resident_searcher(indexed_warehouse)
+    state = searcher.serving.state(indexed_warehouse.store.chunks.version)
+    query = small_world.rows.vectors[3]
+    for subject in sorted(set(small_world.subjects.values())):
+        for mode in ("vector", "fts", "hybrid"):
+            found = searcher.search("synthetic row", policy=indexed_warehouse.policy, caller=Caller(subject=subject, tenant=TENANT),
+                                    k=10, vector=query, mode=mode)  # fmt: skip
+            assert found.table_version == state.version  # type: ignore[union-attr]
+    assert searcher.visible.loads == 0, "no visible set, analysed rows or fields read and held for any caller"
+    assert searcher.serving.state(indexed_warehouse.store.chunks.version) is state

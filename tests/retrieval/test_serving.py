@@ -24,6 +24,7 @@ from ragwarden.api.cli import main
 from ragwarden.bench.world import TENANT, World
 from ragwarden.governance.caller import Caller
 from ragwarden.retrieval import serving
+from ragwarden.retrieval.resident_state import index_terms
 from ragwarden.retrieval.search import Searcher
 from ragwarden.warehouse import Warehouse
 
@@ -130,10 +131,14 @@ def test_a_stored_artifact_is_what_a_new_replica_loads_and_an_erasure_s_purge_re
     stored = serving.store_artifact(indexed_warehouse.store.read_doors())
     assert stored is not None
     folder = Path(indexed_warehouse.uri) / "resident_index"
-    assert sorted(path.suffix for path in folder.iterdir()) == [".faiss", ".rows"]
+    assert sorted(path.suffix for path in folder.iterdir()) == [".faiss", ".rows", ".terms"]
     replica = resident_searcher(indexed_warehouse)
     loaded = replica.serving.build_now()
     assert loaded.version == stored.version and loaded.rows == stored.rows
+    terms = serving.load_terms(indexed_warehouse.store.read_doors(), loaded)
+    assert terms is not None and np.array_equal(terms.lengths, index_terms(loaded).lengths), "the rows' terms, stored"
+    state = replica.serving.state(loaded.version)
+    assert state is not None and np.array_equal(state.terms.pairs.term_of, terms.pairs.term_of)
     subject, vector = small_world.subjects[0.5], queries(small_world, 1)[0]
     exact = top_ids(exact_searcher(indexed_warehouse), indexed_warehouse, subject, vector)
     assert top_ids(replica, indexed_warehouse, subject, vector)[0] == exact[0]
