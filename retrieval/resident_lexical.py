@@ -209,16 +209,19 @@ class ResidentTerms:
             frequencies.append(pairs.frequency[taken])
         place, slots, held = np.concatenate(places), np.concatenate(slot_parts), np.concatenate(frequencies)
         work("postings_scored", len(place))
-        holding, at = np.unique(slots, return_inverse=True)
-        scores = np.zeros(len(holding))
+        scores = np.zeros(len(self.lengths))  # by slot: no sort of the matches, whatever their number
         for number, count in enumerate(times):  # term by term, in the query's order (so are sums' roundings)
             mine = place == number
             df = int(np.count_nonzero(mine))
             idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
             frequency = held[mine].astype(np.float64)
-            norm = K1 * (1.0 - B + B * self.lengths[slots[mine]] / average)
-            scores[at[mine]] += count * idf * frequency * (K1 + 1.0) / (frequency + norm)
-        return holding.astype(np.int64), scores
+            at = slots[mine]  # one pair per (slot, term): no slot twice
+            norm = K1 * (1.0 - B + B * self.lengths[at] / average)
+            scores[at] += count * idf * frequency * (K1 + 1.0) / (frequency + norm)
+        holding = np.zeros(len(self.lengths), dtype=bool)
+        holding[slots] = True
+        found = np.flatnonzero(holding)
+        return found.astype(np.int64), scores[found]
 
 
 def _spanned(segments: tuple[_Pairs, ...]) -> tuple[_Pairs, ...]:

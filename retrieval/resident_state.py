@@ -179,13 +179,14 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
         return None
     fresh_slots = dict(state.fresh_slots)
     slots, new_ids = _slots_of(state, written, fresh_slots) if written is not None else (np.empty(0, np.int64), [])
-    row_sets = tags.row_sets.copy()
+    row_sets = np.full(len(tags.row_sets) + len(new_ids), NO_SET, dtype=np.int32)  # one copy, room for the new
+    row_sets[: len(tags.row_sets)] = tags.row_sets
     addresses = dict(tags.addresses)
     for gone in (tags.fragments.keys() - fragments.keys()) | rewritten:
         _, held = addresses.pop(gone, (None, np.empty(0, np.int64)))
         row_sets[held] = NO_SET
     changed = sorted(f for f in kept - rewritten if fragments[f][1] != tags.fragments[f][1])
-    if changed and not _removed(state, chunks, version, fragments, changed, slots, row_sets, addresses):
+    if changed and not _removed(state, chunks, version, fragments, changed, slots, row_sets[: len(tags.row_sets)], addresses):
         return None
     fresh, vectors, usable, terms, citations = state.fresh, state.fresh_vectors, state.fresh_usable, state.terms, tags.citations
     if written is not None:
@@ -198,10 +199,9 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
             terms = terms.extended(taken.column("text"), np.arange(first, first + len(new_ids)), first + len(new_ids))
             fresh = pa.concat_tables([fresh, taken.select(CONTENT_COLUMNS).cast(fresh.schema)]).combine_chunks()
             vectors, usable = np.concatenate([vectors, more]), np.concatenate([usable, more_usable])
-            row_sets = np.concatenate([row_sets, np.full(len(new_ids), NO_SET, dtype=np.int32)])
-            citations = np.concatenate([citations, np.zeros((len(new_ids), 2), dtype=np.int32)])
+        citations = np.zeros((len(row_sets), 2), dtype=np.int32)
+        citations[: len(tags.citations)] = tags.citations
         row_sets[slots] = tags.catalog.codes(written)
-        citations = citations.copy() if citations is tags.citations else citations
         citations[slots] = tags.catalog.citation_codes(written)
         addresses.update(by_fragment(written.column("_rowaddr").to_numpy(), slots))
     next_tags = replace(tags, version=version, row_sets=row_sets, citations=citations, fragments=fragments,
