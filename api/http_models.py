@@ -66,8 +66,8 @@ class RecordsRequest(Request):
 
 
 class IngestRequest(RecordsRequest):
-    allow_move: bool = Field(False, description="Let an id another source's document holds move to this record.")
-    restore_erased: bool = Field(False, description="Ingest erased documents again (the receipt says so).")
+    allow_move: StrictBool = Field(False, description="Let an id another source's document holds move to this record.")
+    restore_erased: StrictBool = Field(False, description="Ingest erased documents again (the receipt says so).")
 
 
 class SyncRequest(RecordsRequest):

@@ -120,6 +120,27 @@ def capacity() -> str:
     return head + "".join(f"| {' | '.join(row)} |\n" for row in rows)
 
 
+def churn() -> str:
+    """The README's shared-use figures: many callers never seen and a writer committing (1M rows)."""
+    run = _record("churn-1000000.json")
+    cells = run["modes"]
+    parts = "; ".join(
+        f"{mode} first p99 {c['first']['p99_ms']:.1f} ms, under commits p99 {c['churn']['p99_ms']:.1f} ms "
+        f"(warm p50 {c['warm']['p50_ms']:.1f} ms)"
+        for mode, c in cells.items()
+    )
+    leaks = sum(c[k]["leaks"] for c in cells.values() for k in ("warm", "first", "churn"))
+    work = run["reader_work"]
+    held = sum(work["bytes_per_million_rows"].values()) / 2**20
+    moves = ", ".join(f"{kind} {cell['max']:.1f} ms" for kind, cell in work["move_ms"].items())
+    return (
+        f"{run['rows']:,} rows, {run['users']:,} users in {run['groups']} groups, one replica over HTTP, "
+        f"{run['machine']['cpus']} cores ({_date(run)}): {parts}; {leaks} leaks against the oracle. A replica "
+        f"holds {held:,.0f} MiB per 1M rows (index, tags and terms); a commit of {work['commit_rows']} rows costs "
+        f"each reader at most {moves}.\n"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Block:
     """One generated block: the document that holds it and what renders it."""
@@ -130,6 +151,7 @@ class Block:
 
 BLOCKS: dict[str, Block] = {
     "performance": Block(document="README.md", render=performance),
+    "churn": Block(document="README.md", render=churn),
     "suite": Block(document="README.md", render=suite),
     "cli-start": Block(document="README.md", render=cli_start),
     "capacity": Block(document="docs/deployment.md", render=capacity),

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 from pyarrow import ipc
 
+from ..errors import InvalidValueError
 from ..stages import work
 from .lexical import K1, VOCABULARY_ENTRY_BYTES, B, analyse
 
@@ -164,15 +165,15 @@ class ResidentTerms:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ResidentTerms:
-        """Terms ``to_bytes`` wrote. Raises ValueError for anything else."""
+        """Terms ``to_bytes`` wrote. Raises ``InvalidValueError`` for anything else."""
         table = ipc.open_file(pa.BufferReader(data)).read_all()
         if table.num_rows != 1 or set(table.column_names) != set(_ARTIFACT_TYPES):
-            raise ValueError("not a terms artifact")
+            raise InvalidValueError("not a terms artifact")
         column = {name: table.column(name).combine_chunks()[0].values for name in _ARTIFACT_TYPES}
         arrays = {name: np.asarray(column[name].to_numpy(zero_copy_only=False), dtype=np.int32)
                   for name in ("slot_of", "term_of", "frequency", "lengths")}  # fmt: skip
         if not len(arrays["slot_of"]) == len(arrays["term_of"]) == len(arrays["frequency"]):
-            raise ValueError("a terms artifact whose pairs differ in length")
+            raise InvalidValueError("a terms artifact whose pairs differ in length")
         lengths = arrays.pop("lengths")
         return cls(vocabulary=TermVocabulary.of(column["vocabulary"].to_pylist()), segments=_spanned((_Pairs(**arrays),)),
                    lengths=lengths)  # fmt: skip
