@@ -176,16 +176,11 @@ class SetCatalog:
         """Each row's (source uri, metadata) codes, (rows, 2) int32: Python work per distinct value."""
         coded = np.empty((table.num_rows, len(CITE_COLUMNS)), dtype=np.int32)
         for at, name in enumerate(CITE_COLUMNS):
-            column = table.column(name).combine_chunks()
-            if isinstance(column, pa.ExtensionArray):
-                column = column.storage
-            encoded = pc.dictionary_encode(column)
-            with self._lock:
-                codes = np.fromiter(map(self.vocabulary.citations.code, encoded.dictionary.to_pylist()), np.int32)
-                none = self.vocabulary.citations.code(None)
-            indices = encoded.indices.to_numpy(zero_copy_only=False)
-            nulls = np.asarray(encoded.indices.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-            coded[:, at] = np.where(nulls, none, codes[np.where(nulls, 0, indices).astype(np.int64)] if len(codes) else none)
+            encoded = pc.dictionary_encode(_plain(table.column(name)))
+            with self._lock:  # the distinct values, then None (a null row's) last
+                codes = np.fromiter(map(self.vocabulary.citations.code, [*encoded.dictionary.to_pylist(), None]), np.int32)
+            indices = pc.fill_null(encoded.indices, len(codes) - 1).to_numpy(zero_copy_only=False)
+            coded[:, at] = codes[indices.astype(np.int64)]
         return coded
 
     def citation(self, code: int) -> Any:
@@ -220,12 +215,16 @@ class SetCatalog:
         return self._sets
 
 
+def _plain(column: pa.ChunkedArray) -> pa.Array:
+    """One array of ``column``'s values; JSON metadata (an extension type) as its text."""
+    array = column.combine_chunks()
+    return array.storage if isinstance(array, pa.ExtensionArray) else array
+
+
 def _column_codes(column: pa.ChunkedArray) -> np.ndarray:
     """Per row, a code equal for equal values and different for different ones (lists compared
     element by element: their values' codes, joined as bytes)."""
-    array = column.combine_chunks()
-    if isinstance(array, pa.ExtensionArray):  # JSON metadata: compared as its text
-        array = array.storage
+    array = _plain(column)
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
         values = pc.dictionary_encode(array.flatten()).indices.to_numpy(zero_copy_only=False).astype("<i4")
         offsets = np.asarray(array.offsets.to_numpy(), dtype=np.int64)

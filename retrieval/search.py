@@ -234,6 +234,7 @@ class Searcher:
             lambda queries: list(self.embedder.encode(list(queries))), max_batch=QUERY_BATCH, name="query-embedder"
         )
         self._views: LruCache[SubjectView] = LruCache(VIEWS_KEPT)
+        self._satisfied: LruCache[frozenset[str]] = LruCache(VIEWS_KEPT)  # by reader key: the clauses each satisfies
         self._halves = ThreadPoolExecutor(max_workers=HYBRID_HALVES, thread_name_prefix="hybrid-vector-half")
 
     def view(self, policy: Policy, caller: Caller) -> SubjectView:
@@ -335,8 +336,9 @@ class Searcher:
         def counts(rows: pa.Table) -> np.ndarray:
             return self.decisions.verdicts(view, registries.clauses, rows)
 
-        return Reader(key=(view.policy_version, view.subject, view.tenant, registries.version), counts=counts,
-                      view=view, satisfied=view.satisfied_clauses(registries.clauses))  # fmt: skip
+        key = (view.policy_version, view.subject, view.tenant, registries.version)
+        satisfied = self._satisfied.get(key, lambda: view.satisfied_clauses(registries.clauses))
+        return Reader(key=key, counts=counts, view=view, satisfied=satisfied)
 
     def query_vector(self, query: str, vector: Sequence[float] | np.ndarray | None) -> np.ndarray:
         """The given vector, checked, or the query's embedding."""
@@ -439,7 +441,7 @@ class Searcher:
     ) -> ResidentState | None:
         """The serving index with every row's tags at ``version`` or later, when this search can
         be answered from it: a caller's view to evaluate, and a query vector where one is ranked."""
-        if reader is None or reader.view is None or (mode != "fts" and not _rankable(vector)):
+        if reader is None or reader.view is None or (mode != "fts" and _unit(vector) is None):
             return None
         if self.serving.usable(self._count("", version)) is None:
             return None
@@ -465,7 +467,7 @@ class Searcher:
             allowed &= matched
         if mode == "fts":
             return state.lexical(allowed, query_terms(query), k)
-        unit = np.asarray(vector, dtype=np.float32) / float(np.linalg.norm(vector))
+        unit = _unit(vector)
         if mode == "vector":
             return state.nearest(unit, allowed, k, exact=False)
         depth = max(k, HYBRID_CANDIDATES)
@@ -664,8 +666,8 @@ class Searcher:
         matches, when given) through the serving index; None when it cannot answer for that
         version (the caller then searches through Lance)."""
         index = self.serving.usable(self._count("", version))
-        norm = float(np.linalg.norm(vector)) if vector is not None else 0.0
-        if index is None or not np.isfinite(norm) or norm == 0:
+        unit = _unit(vector)
+        if index is None or unit is None:
             return None
         key = ("resident", where, version, index.version)
         view = self.visible.get(key, lambda: self.serving.view(index, where, version))
@@ -673,7 +675,7 @@ class Searcher:
             view = view.narrowed(narrow.matching, index.positions(narrow.matching))
         if view is None:
             return None
-        ranked = view.nearest(np.asarray(vector, dtype=np.float32) / norm, limit)
+        ranked = view.nearest(unit, limit)
         return [{**row, "_distance": 1.0 - score} for row, score in ranked]
 
     def _read_visible(self, where: str, version: int) -> VisibleRows | None:
@@ -831,9 +833,10 @@ class Searcher:
         return admitted, withheld
 
 
-def _rankable(vector: np.ndarray | None) -> bool:
-    """Whether ``vector`` can be ranked by cosine (present, finite, not zero)."""
+def _unit(vector: np.ndarray | None) -> np.ndarray | None:
+    """``vector`` scaled to norm 1 (float32), or None where it cannot be ranked by cosine (absent,
+    not finite, zero)."""
     if vector is None:
-        return False
+        return None
     norm = float(np.linalg.norm(vector))
-    return math.isfinite(norm) and norm > 0
+    return np.asarray(vector, dtype=np.float32) / norm if math.isfinite(norm) and norm > 0 else None

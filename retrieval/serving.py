@@ -224,6 +224,10 @@ class ServingIndex:
     def build_now(self) -> ResidentIndex:
         """Load the newest artifact the warehouse holds (unless it is further behind the table than
         a rebuild would allow), else build from the table; install and return it."""
+        def from_table() -> ResidentIndex:
+            version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
+            return ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
+
         index = load_artifact(self._doors)
         latest = self._chunks.latest_version()
         if (
@@ -231,12 +235,10 @@ class ServingIndex:
             or (self._chunks.count() - index.rows) > REBUILD_SHARE * max(1, index.rows)
             or index.version > latest
         ):
-            version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
-            index = ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
+            index = from_table()
         state = build_state(self._chunks, index, load_terms(self._doors, index))
         if state is None:  # the artifact's version is gone: the table's latest rows
-            version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
-            index = ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
+            index = from_table()
             state = build_state(self._chunks, index)
         self._index = index
         self._state = state
