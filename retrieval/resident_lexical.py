@@ -1,5 +1,5 @@
-"""Every row's terms held in this process (a forward index over the resident state's slots), for
-BM25 over any caller's visible rows without reading or analysing them again.
+"""Every row's terms held in this process, grouped by tag set, for BM25 over any caller's visible
+rows without reading or analysing them again.
 
 Why: analysing a caller's visible texts at its first search of each table version cost seconds
 (2.5 s at 1M rows for a broad caller). Here the texts are analysed once, when the serving index
@@ -7,12 +7,21 @@ is built, and the rows each commit adds when the state moves; a search then take
 document frequencies and the average length over the caller's visible slots (the resident mask),
 so scores equal BM25 over exactly those rows (``lexical``'s analyser and formula).
 
-The shape of the work, and why it is not a postings walk: a term's postings list holds every row
-with the term, readable or not, so walking it costs what hidden rows contain, and a caller choosing
-its query words could time that (the class of DESIGN §4's rule). Instead the pairs are stored by
-row, and a search takes the pairs of its caller's visible rows (one pass over the mask, then their
-pairs only) and, among them, those of an asked term: the work is a function of the caller's own
-rows and query, and of the table's size in rows.
+The shape of the work, and why it is not a postings walk over the table: a term's postings list
+holds every row with the term, readable or not, so walking it costs what hidden rows contain, and
+a caller choosing its query words could time that (the class of DESIGN §4's rule). Here the
+postings are kept per (tag set, term): a search looks up only the sets its caller may read (the
+verdicts the resident tags give), and takes, within them, the postings of its query's terms. The
+work is the caller's own rows holding its query's terms, one lookup per (visible set, term), and
+passes over the mask (the table's size in rows); a row of a set the caller cannot read is never
+touched.
+
+A commit's rows come as a segment of their own (a generation); a row whose tag set changed (a
+re-tag) is analysed again and placed in the commit's segment under its new set, and ``owner`` says
+which generation holds each slot's current postings, so the pairs it left behind are passed over.
+Such left-behind pairs stay until the later segments are merged (past ``SEGMENTS_KEPT``) or the
+serving index is built again: a search of a set a row left still looks at them (the rows that set
+held), never at a row of a set it cannot read.
 """
 
 from __future__ import annotations
@@ -22,7 +31,6 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +42,12 @@ from .lexical import K1, VOCABULARY_ENTRY_BYTES, B, analyse
 
 _ARTIFACT_TYPES = {"vocabulary": pa.string(), "slot_of": pa.int32(), "term_of": pa.int32(), "frequency": pa.int32(),
                    "lengths": pa.int32()}  # fmt: skip
+
+SEGMENTS_KEPT = 8
+"""Segments past the first before the later ones are merged (each commit that adds or re-tags
+rows adds one)."""
+
+_TERM_BITS = 32
 
 
 class TermVocabulary:
@@ -70,93 +84,35 @@ class TermVocabulary:
         return sum(len(term) + VOCABULARY_ENTRY_BYTES for term in self._ids)
 
 
-SEGMENTS_KEPT = 8
-"""Segments of pairs past the first before the later ones are merged (each commit adds one)."""
-
-
 @dataclass(frozen=True, kw_only=True)
-class _Pairs:
-    """One segment of (slot, term, frequency) pairs, ordered by slot: the pairs of slot ``s`` are
-    ``[starts[s - first], starts[s - first + 1])``."""
+class TermPairs:
+    """The (slot, term, frequency) of every distinct term of some slots' texts, and each of those
+    slots' length in terms: what analysis gives, and what the serving index's artifact stores (for
+    the slots ``0..len(lengths)``)."""
 
-    slot_of: np.ndarray  # (pairs,) int32, ascending
+    vocabulary: TermVocabulary
+    slots: np.ndarray  # (analysed slots,) int64
+    lengths: np.ndarray  # (analysed slots,) int32
+    slot_of: np.ndarray  # (pairs,) int32
     term_of: np.ndarray  # (pairs,) int32
     frequency: np.ndarray  # (pairs,) int32
 
     @classmethod
-    def joined(cls, segments: Sequence[_Pairs]) -> _Pairs:
-        return cls(**{name: np.concatenate([getattr(p, name) for p in segments]) if segments else np.empty(0, np.int32)
-                      for name in ("slot_of", "term_of", "frequency")})  # fmt: skip
-
-    @cached_property
-    def span(self) -> tuple[int, np.ndarray]:
-        """The first slot this segment covers, and where each slot's pairs start."""
-        if not len(self.slot_of):
-            return 0, np.zeros(1, np.int64)
-        first, last = int(self.slot_of[0]), int(self.slot_of[-1])
-        starts = np.searchsorted(self.slot_of, np.arange(first, last + 2, dtype=np.int64)).astype(np.int64)
-        return first, starts
-
-    def of_slots(self, visible: np.ndarray) -> np.ndarray:
-        """The positions of the pairs of the ``visible`` slots (a mask over every slot): work of
-        those slots' pairs and one pass over this segment's slots, none over other slots' pairs."""
-        first, starts = self.span
-        slots = np.flatnonzero(visible[first : first + len(starts) - 1])
-        lengths = starts[slots + 1] - starts[slots]
-        total = int(lengths.sum())
-        if total == 0:
-            return np.empty(0, np.int64)
-        return np.repeat(starts[slots] - (np.cumsum(lengths) - lengths), lengths) + np.arange(total, dtype=np.int64)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.slot_of.nbytes + self.term_of.nbytes + self.frequency.nbytes + self.span[1].nbytes)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResidentTerms:
-    """The (slot, term, frequency) of every distinct term of every slot's text, and each slot's
-    length in terms. The pairs of the rows each commit adds are a segment of their own, so moving
-    to a new version copies no earlier pair."""
-
-    vocabulary: TermVocabulary
-    segments: tuple[_Pairs, ...]
-    lengths: np.ndarray  # (slots,) int32
-
-    @classmethod
-    def empty(cls, vocabulary: TermVocabulary | None = None) -> ResidentTerms:
-        return cls(vocabulary=vocabulary or TermVocabulary(), segments=(), lengths=np.empty(0, np.int32))
-
-    @property
-    def pairs(self) -> _Pairs:
-        """Every pair, in one segment."""
-        return self.segments[0] if len(self.segments) == 1 else _Pairs.joined(self.segments)
-
-    def extended(self, texts: pa.Array | pa.ChunkedArray, slots: np.ndarray, total_slots: int) -> ResidentTerms:
-        """These terms with those of ``texts`` (one per slot of ``slots``, new slots), for a
-        state of ``total_slots`` slots."""
-        lengths = np.zeros(total_slots, np.int32)
-        lengths[: len(self.lengths)] = self.lengths
-        if len(slots) == 0:
-            return ResidentTerms(vocabulary=self.vocabulary, segments=self.segments, lengths=lengths)
+    def of_texts(cls, texts: pa.Array | pa.ChunkedArray, slots: np.ndarray, vocabulary: TermVocabulary) -> TermPairs:
+        """The terms of ``texts``, one per slot of ``slots`` (ids from ``vocabulary``, new terms added)."""
+        slots = np.asarray(slots, dtype=np.int64)
         analysed = analyse(texts)
-        global_ids = self.vocabulary.ids(list(analysed.vocabulary))
-        slot = np.asarray(slots, dtype=np.int64)[analysed.text_of]
-        term = global_ids[analysed.term_of].astype(np.int64)
-        np.add.at(lengths, slot, 1)
-        keys, counts = np.unique(slot * (1 << 31) + term, return_counts=True)
-        added = _Pairs(slot_of=(keys >> 31).astype(np.int32), term_of=(keys & ((1 << 31) - 1)).astype(np.int32),
-                       frequency=counts.astype(np.int32))  # fmt: skip
-        segments = (*self.segments, added)
-        if len(segments) > SEGMENTS_KEPT + 1:  # the later ones merged: work of the rows added since the first
-            segments = (segments[0], _Pairs.joined(segments[1:]))
-        return ResidentTerms(vocabulary=self.vocabulary, segments=_spanned(segments), lengths=lengths)
+        global_ids = vocabulary.ids(list(analysed.vocabulary))
+        lengths = np.bincount(analysed.text_of, minlength=len(slots)).astype(np.int32)
+        keys, counts = np.unique(slots[analysed.text_of] * (1 << 31) + global_ids[analysed.term_of], return_counts=True)
+        return cls(vocabulary=vocabulary, slots=slots, lengths=lengths, slot_of=(keys >> 31).astype(np.int32),
+                   term_of=(keys & ((1 << 31) - 1)).astype(np.int32), frequency=counts.astype(np.int32))  # fmt: skip
 
     def to_bytes(self) -> bytes:
-        """These terms as one Arrow file (the serving index's artifact keeps it beside the graph)."""
-        pairs = self.pairs
-        columns = {"vocabulary": self.vocabulary.terms(), "slot_of": pairs.slot_of, "term_of": pairs.term_of,
-                   "frequency": pairs.frequency, "lengths": self.lengths}  # fmt: skip
+        """These terms as one Arrow file (the serving index's artifact keeps it beside the graph);
+        for the slots ``0..len(lengths)``."""
+        columns = {"vocabulary": self.vocabulary.terms(), "slot_of": self.slot_of, "term_of": self.term_of,
+                   "frequency": self.frequency, "lengths": self.lengths}  # fmt: skip
         table = pa.table({name: pa.array([values], pa.large_list(_ARTIFACT_TYPES[name])) for name, values in columns.items()})
         sink = pa.BufferOutputStream()
         with ipc.new_file(sink, table.schema) as out:
@@ -164,7 +120,7 @@ class ResidentTerms:
         return sink.getvalue().to_pybytes()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> ResidentTerms:
+    def from_bytes(cls, data: bytes) -> TermPairs:
         """Terms ``to_bytes`` wrote. Raises ``InvalidValueError`` for anything else."""
         table = ipc.open_file(pa.BufferReader(data)).read_all()
         if table.num_rows != 1 or set(table.column_names) != set(_ARTIFACT_TYPES):
@@ -174,44 +130,146 @@ class ResidentTerms:
                   for name in ("slot_of", "term_of", "frequency", "lengths")}  # fmt: skip
         if not len(arrays["slot_of"]) == len(arrays["term_of"]) == len(arrays["frequency"]):
             raise InvalidValueError("a terms artifact whose pairs differ in length")
-        lengths = arrays.pop("lengths")
-        return cls(vocabulary=TermVocabulary.of(column["vocabulary"].to_pylist()), segments=_spanned((_Pairs(**arrays),)),
-                   lengths=lengths)  # fmt: skip
+        if len(arrays["slot_of"]) and not 0 <= int(arrays["slot_of"].min()) <= int(arrays["slot_of"].max()) < len(arrays["lengths"]):
+            raise InvalidValueError("a terms artifact naming a slot it holds no length for")
+        return cls(vocabulary=TermVocabulary.of(column["vocabulary"].to_pylist()),
+                   slots=np.arange(len(arrays["lengths"]), dtype=np.int64), **arrays)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Postings:
+    """One generation's pairs, grouped by (tag set, term): the pairs of key ``keys[i]`` are
+    ``[starts[i], starts[i + 1])``."""
+
+    generation: int
+    keys: np.ndarray  # (distinct keys,) int64, ascending: (set + 1) << 32 | term
+    starts: np.ndarray  # (distinct keys + 1,) int64
+    slot_of: np.ndarray  # (pairs,) int32
+    frequency: np.ndarray  # (pairs,) int32
+
+    @classmethod
+    def of(cls, generation: int, sets: np.ndarray, term_of: np.ndarray, slot_of: np.ndarray, frequency: np.ndarray) -> _Postings:
+        """The pairs (``sets``: each pair's slot's tag set) grouped by key."""
+        key = _keys(sets, term_of)
+        order = np.argsort(key)  # order within a key is of no account: one pair per (slot, term)
+        key = key[order]
+        cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+        firsts = np.concatenate([[0], cuts]).astype(np.int64) if len(key) else np.empty(0, np.int64)
+        return cls(generation=generation, keys=key[firsts], starts=np.append(firsts, len(key)).astype(np.int64),
+                   slot_of=slot_of[order], frequency=frequency[order])  # fmt: skip
+
+    def matching(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The positions of the pairs of the ``wanted`` keys, and which of them each one's is: work
+        of those pairs and a lookup per key, none over other keys' pairs."""
+        if not len(self.keys) or not len(wanted):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        at = np.minimum(np.searchsorted(self.keys, wanted), len(self.keys) - 1)
+        found = np.flatnonzero(self.keys[at] == wanted)
+        firsts, lasts = self.starts[at[found]], self.starts[at[found] + 1]
+        lengths = lasts - firsts
+        total = int(lengths.sum())
+        if total == 0:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        positions = np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total, dtype=np.int64)
+        return positions, np.repeat(found, lengths)
+
+    def terms(self) -> np.ndarray:
+        """Each pair's term id."""
+        return np.repeat(self.keys & ((1 << _TERM_BITS) - 1), np.diff(self.starts)).astype(np.int32)
+
+    @property
+    def pairs(self) -> int:
+        return len(self.slot_of)
 
     @property
     def nbytes(self) -> int:
-        return int(sum(p.nbytes for p in self.segments) + self.lengths.nbytes + self.vocabulary.nbytes)
+        return int(self.keys.nbytes + self.starts.nbytes + self.slot_of.nbytes + self.frequency.nbytes)
 
-    def scores(self, visible: np.ndarray, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """BM25 over the ``visible`` slots (a mask) for the query ``terms`` (``query_terms``'s, a
-        repeated term counted as often as it occurs): the slots holding an asked term, and their
-        scores. N, document frequencies and average length count the visible slots alone."""
+
+def _keys(sets: np.ndarray, terms: np.ndarray) -> np.ndarray:
+    """The key of (tag set, term): sets start at ``NO_SET`` (-1), so the key is never negative."""
+    return ((np.asarray(sets, dtype=np.int64) + 1) << _TERM_BITS) | np.asarray(terms, dtype=np.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResidentTerms:
+    """Every slot's terms, grouped by the tag set the slot had when its terms were placed, and each
+    slot's length in terms. ``owner[s]``: the generation holding slot ``s``'s current pairs;
+    ``placed[s]``: the tag set they are filed under."""
+
+    vocabulary: TermVocabulary
+    segments: tuple[_Postings, ...]
+    lengths: np.ndarray  # (slots,) int32
+    owner: np.ndarray  # (slots,) int32, -1 for a slot never analysed
+    placed: np.ndarray  # (slots,) int32 tag set code
+
+    @classmethod
+    def placed_in(cls, pairs: TermPairs, row_sets: np.ndarray) -> ResidentTerms:
+        """``pairs`` (of the slots ``0..len(row_sets)``) filed under each slot's tag set."""
+        lengths = np.zeros(len(row_sets), np.int32)
+        lengths[pairs.slots] = pairs.lengths
+        owner = np.full(len(row_sets), -1, np.int32)
+        owner[pairs.slots] = 0
+        base = _Postings.of(0, row_sets[pairs.slot_of], pairs.term_of, pairs.slot_of, pairs.frequency)
+        return cls(vocabulary=pairs.vocabulary, segments=(base,), lengths=lengths, owner=owner,
+                   placed=np.asarray(row_sets, dtype=np.int32).copy())  # fmt: skip
+
+    def with_rows(self, pairs: TermPairs, sets: np.ndarray, total_slots: int) -> ResidentTerms:
+        """These terms for a state of ``total_slots`` slots, with ``pairs`` (new slots, or slots
+        whose tag set changed, analysed again) filed under ``sets`` (one per analysed slot)."""
+        if not len(pairs.slots) and total_slots == len(self.lengths):
+            return self
+        grown = {name: _grown(getattr(self, name), total_slots, fill) for name, fill in (("owner", -1), ("placed", -1))}
+        new = pairs.slots >= len(self.lengths)  # a slot held before keeps its length: its text never changes
+        grown["lengths"] = _grown(self.lengths, total_slots, 0) if total_slots > len(self.lengths) else self.lengths
+        if not len(pairs.slots):
+            return ResidentTerms(vocabulary=self.vocabulary, segments=self.segments, **grown)
+        generation = self.segments[-1].generation + 1 if self.segments else 0
+        grown["lengths"][pairs.slots[new]] = pairs.lengths[new]
+        grown["owner"][pairs.slots] = generation
+        grown["placed"][pairs.slots] = sets
+        placed = grown["placed"]
+        added = _Postings.of(generation, placed[pairs.slot_of], pairs.term_of, pairs.slot_of, pairs.frequency)
+        segments = (*self.segments, added)
+        if len(segments) > SEGMENTS_KEPT + 1:  # the later ones merged: work of the rows placed since the first
+            segments = (segments[0], _merged(segments[1:], grown["owner"], placed, generation + 1))
+        return ResidentTerms(vocabulary=self.vocabulary, segments=segments, **grown)
+
+    @property
+    def nbytes(self) -> int:
+        held = self.lengths.nbytes + self.owner.nbytes + self.placed.nbytes + self.vocabulary.nbytes
+        return int(held + sum(p.nbytes for p in self.segments))
+
+    def scores(self, sets: np.ndarray, allowed: np.ndarray, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 over the ``allowed`` slots (a mask; every one of them in one of the tag ``sets``)
+        for the query ``terms`` (``query_terms``'s, a repeated term counted as often as it occurs):
+        the slots holding an asked term, and their scores. N, document frequencies and average
+        length count the allowed slots alone."""
         asked = Counter(terms)
-        ids = {term: self.vocabulary.get(term) for term in asked}
-        wanted = np.zeros(len(self.vocabulary) + 1, dtype=np.int32)  # term id -> place among asked + 1
-        times: list[int] = []
-        for term, count in asked.items():
-            if ids[term] is not None:
-                times.append(count)
-                wanted[ids[term]] = len(times)
-        documents = int(np.count_nonzero(visible[: len(self.lengths)]))
-        if not times or documents == 0 or not self.segments:
+        known = [(self.vocabulary.get(term), count) for term, count in asked.items()]
+        known = [(term, count) for term, count in known if term is not None]
+        documents = int(np.count_nonzero(allowed[: len(self.lengths)]))
+        if not known or documents == 0 or not self.segments:
             return np.empty(0, np.int64), np.empty(0)
-        average = float(self.lengths[visible[: len(self.lengths)]].sum()) / documents
+        average = float(self.lengths[allowed[: len(self.lengths)]].sum()) / documents
         if average == 0:
             return np.empty(0, np.int64), np.empty(0)
+        ids = np.asarray([term for term, _ in known], dtype=np.int64)
+        wanted = _keys(np.repeat(np.asarray(sets, dtype=np.int64), len(ids)), np.tile(ids, len(sets)))
         places, slot_parts, frequencies = [], [], []
-        for pairs in self.segments:  # the visible slots' pairs only, then the asked terms among them
-            mine = pairs.of_slots(visible)
-            place = wanted[pairs.term_of[mine]]
-            taken = mine[place > 0]
-            places.append(place[place > 0].astype(np.int64) - 1)
-            slot_parts.append(pairs.slot_of[taken])
-            frequencies.append(pairs.frequency[taken])
+        scanned = 0
+        for postings in self.segments:  # the visible sets' postings of the asked terms, current pairs only
+            positions, which = postings.matching(wanted)
+            scanned += len(positions)
+            slots = postings.slot_of[positions]
+            current = allowed[slots] & (self.owner[slots] == postings.generation)
+            places.append(which[current] % len(ids))
+            slot_parts.append(slots[current])
+            frequencies.append(postings.frequency[positions[current]])
+        work("postings_scored", scanned)
         place, slots, held = np.concatenate(places), np.concatenate(slot_parts), np.concatenate(frequencies)
-        work("postings_scored", len(place))
         scores = np.zeros(len(self.lengths))  # by slot: no sort of the matches, whatever their number
-        for number, count in enumerate(times):  # term by term, in the query's order (so are sums' roundings)
+        for number, (_, count) in enumerate(known):  # term by term, in the query's order (so are sums' roundings)
             mine = place == number
             df = int(np.count_nonzero(mine))
             idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
@@ -219,15 +277,27 @@ class ResidentTerms:
             at = slots[mine]  # one pair per (slot, term): no slot twice
             norm = K1 * (1.0 - B + B * self.lengths[at] / average)
             scores[at] += count * idf * frequency * (K1 + 1.0) / (frequency + norm)
-        holding = np.zeros(len(self.lengths), dtype=bool)
+        holding = np.zeros(len(self.lengths), dtype=bool)  # a pass over the slots, no sort of the matches
         holding[slots] = True
         found = np.flatnonzero(holding)
         return found.astype(np.int64), scores[found]
 
 
-def _spanned(segments: tuple[_Pairs, ...]) -> tuple[_Pairs, ...]:
-    """``segments`` with where each slot's pairs start found now, while the state is moved, so no
-    search pays for it."""
-    for pairs in segments:
-        _ = pairs.span
-    return segments
+def _grown(values: np.ndarray, total: int, fill: int) -> np.ndarray:
+    """A copy of ``values`` with room for ``total`` (the new ones ``fill``)."""
+    grown = np.full(total, fill, dtype=values.dtype)
+    grown[: len(values)] = values
+    return grown
+
+
+def _merged(segments: Sequence[_Postings], owner: np.ndarray, placed: np.ndarray, generation: int) -> _Postings:
+    """``segments``' current pairs as one generation (``owner`` moved to it), those left behind dropped."""
+    slot_parts, term_parts, frequencies = [], [], []
+    for postings in segments:
+        current = owner[postings.slot_of] == postings.generation
+        slot_parts.append(postings.slot_of[current])
+        term_parts.append(postings.terms()[current])
+        frequencies.append(postings.frequency[current])
+    slot_of, term_of = np.concatenate(slot_parts), np.concatenate(term_parts)
+    owner[slot_of] = generation
+    return _Postings.of(generation, placed[slot_of], term_of, slot_of, np.concatenate(frequencies))

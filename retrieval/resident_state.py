@@ -28,8 +28,8 @@ from ..stages import work
 from ..state import IN_LIST_MAX_IDS, ChunkReads
 from .hits import CONTENT_COLUMNS
 from .resident import ResidentIndex
-from .resident_lexical import ResidentTerms
-from .resident_tags import NO_SET, TAG_READ_COLUMNS, ResidentTags, SetCatalog, by_fragment, split_addresses
+from .resident_lexical import ResidentTerms, TermPairs, TermVocabulary
+from .resident_tags import NO_SET, TAG_READ_COLUMNS, Readable, ResidentTags, SetCatalog, by_fragment, split_addresses
 from .visible_rows import unit_vectors
 
 WHOLE_READ_ROWS = 20_000
@@ -63,7 +63,7 @@ class ResidentState:
     def fresh_rows(self) -> int:
         return self.fresh.num_rows
 
-    def visible(self, view: SubjectView, satisfied: frozenset[str]) -> np.ndarray:
+    def visible(self, view: SubjectView, satisfied: frozenset[str]) -> Readable:
         """The slots ``view`` may read (``satisfied``: the clause tokens it satisfies)."""
         return self.tags.visible(view, satisfied)
 
@@ -97,12 +97,12 @@ class ResidentState:
         ids[~held] = self.fresh.column("chunk_id").take(pa.array(slots[~held] - self.index.rows)).to_pylist()
         return list(ids)
 
-    def lexical(self, allowed: np.ndarray, terms: list[str], k: int) -> list[tuple[dict[str, Any], float]]:
+    def lexical(self, allowed: Readable, terms: list[str], k: int) -> list[tuple[dict[str, Any], float]]:
         """The ``k`` best of the ``allowed`` slots holding a query term, by BM25 over the allowed
         slots alone, best first, equal scores by chunk id."""
         if k < 1:
             return []
-        slots, scores = self.terms.scores(allowed, terms)
+        slots, scores = self.terms.scores(allowed.sets, allowed.mask, terms)
         if len(slots) > k:  # the k best and every score tied with the last of them
             floor = np.partition(scores, len(scores) - k)[len(scores) - k]
             kept = scores >= floor
@@ -116,8 +116,7 @@ class ResidentState:
         scores by chunk id: content from the index or the fresh rows, tags from this version."""
         rows = self.index.rows
         held = allowed[:rows] & self.index.usable
-        visible = int(np.count_nonzero(held))
-        positions, scores = self.index.search(query, np.packbits(held, bitorder="little"), visible, k, exact=exact)
+        positions, scores = self.index.search(query, held, k, exact=exact)
         ranked = list(zip(self.rows_of(positions), scores.tolist(), strict=True))
         fresh = np.flatnonzero(allowed[rows:] & self.fresh_usable)
         if len(fresh):
@@ -128,12 +127,12 @@ class ResidentState:
         return sorted(ranked, key=lambda item: (-item[1], item[0]["chunk_id"]))[:k]
 
 
-def index_terms(index: ResidentIndex) -> ResidentTerms:
+def index_terms(index: ResidentIndex) -> TermPairs:
     """The terms of every row the index holds, by position (stored beside its artifact)."""
-    return ResidentTerms.empty().extended(index.content.column("text"), np.arange(index.rows), index.rows)
+    return TermPairs.of_texts(index.content.column("text"), np.arange(index.rows), TermVocabulary())
 
 
-def build_state(chunks: ChunkReads, index: ResidentIndex, terms: ResidentTerms | None = None) -> ResidentState | None:
+def build_state(chunks: ChunkReads, index: ResidentIndex, terms: TermPairs | None = None) -> ResidentState | None:
     """The tags of every row at the index's version, its slots the index's positions, with the
     rows' ``terms`` (analysed here when not given); None when that version is gone (the index is
     then built again from the table)."""
@@ -156,9 +155,9 @@ def build_state(chunks: ChunkReads, index: ResidentIndex, terms: ResidentTerms |
     tags = ResidentTags(version=index.version, catalog=catalog, row_sets=row_sets, citations=citations,
                         fragments=fragments, addresses=by_fragment(addresses, slots))  # fmt: skip
     empty = pa.schema([index.content.schema.field(name) for name in CONTENT_COLUMNS]).empty_table()
-    terms = terms if terms is not None else index_terms(index)
+    placed = ResidentTerms.placed_in(terms if terms is not None else index_terms(index), row_sets)
     return ResidentState(index=index, tags=tags, fresh=empty, fresh_vectors=np.empty((0, index.graph.d), np.float32),
-                         fresh_usable=np.empty(0, bool), fresh_slots={}, terms=terms)  # fmt: skip
+                         fresh_usable=np.empty(0, bool), fresh_slots={}, terms=placed)  # fmt: skip
 
 
 def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> ResidentState | None:
@@ -190,13 +189,13 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
         return None
     fresh, vectors, usable, terms, citations = state.fresh, state.fresh_vectors, state.fresh_usable, state.terms, tags.citations
     if written is not None:
+        new_texts = None
         if new_ids:
             taken = _content_of(chunks, version, added, new_ids, whole=written.num_rows <= WHOLE_READ_ROWS)
             if taken is None:
                 return None
             more, more_usable = unit_vectors(taken.column("vector"), state.index.graph.d)
-            first = state.index.rows + fresh.num_rows
-            terms = terms.extended(taken.column("text"), np.arange(first, first + len(new_ids)), first + len(new_ids))
+            new_texts = taken.column("text")
             fresh = pa.concat_tables([fresh, taken.select(CONTENT_COLUMNS).cast(fresh.schema)]).combine_chunks()
             vectors, usable = np.concatenate([vectors, more]), np.concatenate([usable, more_usable])
         citations = np.zeros((len(row_sets), 2), dtype=np.int32)
@@ -204,10 +203,33 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
         row_sets[slots] = tags.catalog.codes(written)
         citations[slots] = tags.catalog.citation_codes(written)
         addresses.update(by_fragment(written.column("_rowaddr").to_numpy(), slots))
+        terms = _terms_placed(terms, state.index, fresh, row_sets, slots, new_texts)
     next_tags = replace(tags, version=version, row_sets=row_sets, citations=citations, fragments=fragments,
                         addresses=addresses)  # fmt: skip
     return replace(state, tags=next_tags, fresh=fresh, fresh_vectors=vectors, fresh_usable=usable, fresh_slots=fresh_slots,
                    terms=terms)  # fmt: skip
+
+
+def _terms_placed(
+    terms: ResidentTerms, index: ResidentIndex, fresh: pa.Table, row_sets: np.ndarray, written: np.ndarray,
+    new_texts: pa.ChunkedArray | None,
+) -> ResidentTerms:
+    """``terms`` with the new slots' (past those ``terms`` holds; their texts ``new_texts``) and
+    those of the ``written`` slots whose tag set changed, analysed again from the text this state
+    holds (a chunk id's text never changes), filed under their sets in ``row_sets``."""
+    held = len(terms.lengths)
+    rewritten = np.unique(written[written < held])
+    moved = rewritten[row_sets[rewritten] != terms.placed[rewritten]]
+    in_index = moved < index.rows
+    texts = [index.content.column("text").take(pa.array(moved[in_index])),
+             fresh.column("text").take(pa.array(moved[~in_index] - index.rows))]  # fmt: skip
+    if new_texts is not None:
+        texts.append(new_texts)
+    slots = np.concatenate([moved[in_index], moved[~in_index], np.arange(held, len(row_sets))])
+    joined = pa.chunked_array([chunk.cast(pa.large_string()) for text in texts for chunk in pa.chunked_array(text).chunks],
+                              pa.large_string())  # fmt: skip
+    pairs = TermPairs.of_texts(joined, slots, terms.vocabulary)
+    return terms.with_rows(pairs, row_sets[slots], len(row_sets))
 
 
 def _slots_of(state: ResidentState, written: pa.Table, fresh_slots: dict[str, int]) -> tuple[np.ndarray, list[str]]:

@@ -259,11 +259,11 @@ class ResidentTags:
     def live(self) -> int:
         return int(np.count_nonzero(self.row_sets != NO_SET))
 
-    def visible(self, view: SubjectView, satisfied: Iterable[str]) -> np.ndarray:
-        """The mask of row slots ``view`` may read at this version."""
+    def visible(self, view: SubjectView, satisfied: Iterable[str]) -> Readable:
+        """The row slots ``view`` may read at this version, and the tag sets they are in."""
         sets = self.catalog.sets()
         verdicts = np.append(sets.visible(view, satisfied, self.catalog.vocabulary), False)  # NO_SET -> last
-        return verdicts[self.row_sets]
+        return Readable(mask=verdicts[self.row_sets], sets=np.flatnonzero(verdicts[:-1]))
 
     def current(self, slots: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """The tags (and uri, metadata) of ``slots`` at this version, as hits carry them."""
@@ -279,6 +279,21 @@ class ResidentTags:
         lists = sum(x.starts.nbytes + x.values.nbytes + x.owner.nbytes for x in sets.lists.values())
         texts = sum(len(v) + 60 for v in self.catalog.vocabulary.citations.values if isinstance(v, str))
         return int(held + lists + sets.tenant.nbytes + sets.classification.nbytes + SET_ROW_BYTES * len(sets.rows) + texts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Readable:
+    """What one caller may read of a resident state: a mask over its row slots, and the tag sets
+    every one of those slots is in (a narrowing filter only clears slots of the mask)."""
+
+    mask: np.ndarray  # (slots,) bool
+    sets: np.ndarray  # tag set codes, ascending
+
+    def narrowed(self, slots: np.ndarray) -> Readable:
+        """Only ``slots`` of these."""
+        matched = np.zeros(len(self.mask), dtype=bool)
+        matched[slots] = True
+        return Readable(mask=self.mask & matched, sets=self.sets)
 
 
 SET_ROW_BYTES = 600

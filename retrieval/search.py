@@ -462,18 +462,16 @@ class Searcher:
         check_deadline()
         allowed = state.visible(reader.view, reader.satisfied)  # type: ignore[arg-type]
         if narrow is not None:
-            matched = np.zeros(len(allowed), dtype=bool)
-            matched[state.slots_of(narrow.matching)] = True
-            allowed &= matched
+            allowed = allowed.narrowed(state.slots_of(narrow.matching))
         if mode == "fts":
             return state.lexical(allowed, query_terms(query), k)
         unit = _unit(vector)
         if mode == "vector":
-            return state.nearest(unit, allowed, k, exact=False)
+            return state.nearest(unit, allowed.mask, k, exact=False)
         depth = max(k, HYBRID_CANDIDATES)
         # The two halves at once: faiss and numpy let go of the interpreter while they scan, so on
         # two cores the exact vector half and BM25 overlap (the other half's work counted here too).
-        vector_half = self._halves.submit(contextvars.copy_context().run, state.nearest, unit, allowed, depth, exact=True)
+        vector_half = self._halves.submit(contextvars.copy_context().run, state.nearest, unit, allowed.mask, depth, exact=True)
         text_rows = [row for row, _ in state.lexical(allowed, query_terms(query), depth)]
         vector_rows = [row for row, _ in vector_half.result()]
         return self._fused(vector_rows, text_rows, k)

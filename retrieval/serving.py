@@ -8,7 +8,7 @@ terms beside it (``resident_state``), and again once the rows written since its 
 table version first moves the resident state there by the commits' delta (once per version for
 the whole process, on the state's own thread), then evaluates its caller's rule over the resident
 tags. Where no state can be had (a version gone), a caller's visible set is read through its
-compiled filter (ids and tags, once per filter and version) and becomes a bitmap over the index.
+compiled filter (ids and tags, once per filter and version) and becomes a mask over the index.
 Nothing here can widen what a caller sees (SECURITY.md, guarantee 36): the mask is the rule over
 the tags at that version, and every hit is still post-checked.
 """
@@ -29,10 +29,11 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from ..stages import work
-from ..state import ReadDoors
+from ..state import ChunkReads, ReadDoors
+from ..state.schema import TAG_COLUMNS
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
-from .resident import ResidentIndex, resident_bytes
-from .resident_lexical import ResidentTerms
+from .resident import ResidentIndex, by_tags, resident_bytes
+from .resident_lexical import TermPairs
 from .resident_state import ResidentState, advanced, build_state, index_terms
 from .visible_rows import unit_vectors
 
@@ -60,12 +61,11 @@ class ServingStatus:
 
 @dataclass(frozen=True, kw_only=True)
 class ResidentView:
-    """One filter's rows at one table version, as the index sees them: a bitmap of those it holds
+    """One filter's rows at one table version, as the index sees them: a mask of those it holds
     with their current tags, and the others whole, with their vectors."""
 
     index: ResidentIndex
-    bitmap: np.ndarray
-    visible: int
+    allowed: np.ndarray  # (index rows,) bool: the positions visible and rankable
     tags: pa.Table  # CURRENT_COLUMNS (tags, uri) of the visible rows the index holds
     tag_row: np.ndarray  # (index rows,) each position's row of ``tags``, -1 for none
     fresh: pa.Table  # RESULT_COLUMNS of the visible rows it does not hold
@@ -74,25 +74,24 @@ class ResidentView:
     @property
     def nbytes(self) -> int:
         return int(
-            self.bitmap.nbytes + self.tags.nbytes + self.tag_row.nbytes + self.fresh.nbytes + self.fresh_vectors.nbytes
+            self.allowed.nbytes + self.tags.nbytes + self.tag_row.nbytes + self.fresh.nbytes + self.fresh_vectors.nbytes
         )
 
     def narrowed(self, chunk_ids: pa.Array, positions: np.ndarray) -> ResidentView:
         """The rows of this view a narrowing filter matched at this view's version: ``chunk_ids``,
-        of which the index holds those at ``positions``. A smaller bitmap over the same index and tags."""
+        of which the index holds those at ``positions``. A smaller mask over the same index and tags."""
         kept = positions[self.tag_row[positions] >= 0]  # held by the index and in this view
         fresh, fresh_vectors = self.fresh, self.fresh_vectors
         if fresh.num_rows:
             mask = pc.is_in(fresh.column("chunk_id"), value_set=chunk_ids)
             fresh, fresh_vectors = fresh.filter(mask), fresh_vectors[mask.to_numpy(zero_copy_only=False)]
-        return ResidentView(index=self.index, bitmap=self.index.bitmap(kept),
-                            visible=int(np.count_nonzero(self.index.usable[kept])), tags=self.tags,
-                            tag_row=self.tag_row, fresh=fresh, fresh_vectors=fresh_vectors)  # fmt: skip
+        return ResidentView(index=self.index, allowed=self.index.allowed(kept), tags=self.tags, tag_row=self.tag_row,
+                            fresh=fresh, fresh_vectors=fresh_vectors)  # fmt: skip
 
     def nearest(self, query: np.ndarray, k: int) -> list[tuple[dict[str, Any], float]]:
         """The ``k`` nearest visible rows with their cosine, best first (equal scores by id): what
         each says from the index, its tags from this version."""
-        positions, scores = self.index.search(query, self.bitmap, self.visible, k)
+        positions, scores = self.index.search(query, self.allowed, k)
         content = self.index.content.take(pa.array(positions)).to_pylist()
         tags = self.tags.take(pa.array(self.tag_row[positions])).to_pylist()
         ranked = [
@@ -188,8 +187,7 @@ class ServingIndex:
         tags = visible.filter(pa.array(held)).select(list(CURRENT_COLUMNS)).combine_chunks()
         tag_row = np.full(index.rows, -1, dtype=np.int64)
         tag_row[positions[held]] = np.arange(tags.num_rows)
-        return ResidentView(index=index, bitmap=index.bitmap(positions[held]),
-                            visible=int(np.count_nonzero(index.usable[positions[held]])), tags=tags, tag_row=tag_row,
+        return ResidentView(index=index, allowed=index.allowed(positions[held]), tags=tags, tag_row=tag_row,
                             fresh=fresh, fresh_vectors=fresh_vectors)  # fmt: skip
 
     # -- building ---------------------------------------------------------------------------
@@ -225,8 +223,7 @@ class ServingIndex:
         """Load the newest artifact the warehouse holds (unless it is further behind the table than
         a rebuild would allow), else build from the table; install and return it."""
         def from_table() -> ResidentIndex:
-            version, rows = self._chunks.read_latest([*CONTENT_COLUMNS, "vector"])
-            return ResidentIndex.build(rows, version=version, dimension=self._chunks.dimension)
+            return table_index(self._chunks)
 
         index = load_artifact(self._doors)
         latest = self._chunks.latest_version()
@@ -248,14 +245,20 @@ class ServingIndex:
         return index
 
 
+def table_index(chunks: ChunkReads) -> ResidentIndex:
+    """The index of the table's latest rows, laid out by their tags (``by_tags``)."""
+    version, rows = chunks.read_latest([*CONTENT_COLUMNS, "vector", *TAG_COLUMNS])
+    return ResidentIndex.build(by_tags(rows), version=version, dimension=chunks.dimension)
+
+
 def store_artifact(doors: ReadDoors) -> ResidentIndex | None:
     """Build the index of the table's latest version and keep it in the warehouse (replacing older
     ones) for replicas to load; None where the warehouse keeps no files (not a folder nor S3)."""
     files = doors.artifacts
     if files is None:
         return None
-    version, rows = doors.chunks.read_latest([*CONTENT_COLUMNS, "vector"])
-    index = ResidentIndex.build(rows, version=version, dimension=doors.chunks.dimension)
+    index = table_index(doors.chunks)
+    version = index.version
     sink = pa.BufferOutputStream()
     rows = index.stored_rows()
     with ipc.new_file(sink, rows.schema) as out:
@@ -270,7 +273,7 @@ def store_artifact(doors: ReadDoors) -> ResidentIndex | None:
     return index
 
 
-def load_terms(doors: ReadDoors, index: ResidentIndex) -> ResidentTerms | None:
+def load_terms(doors: ReadDoors, index: ResidentIndex) -> TermPairs | None:
     """The terms stored beside ``index``'s artifact (its rows analysed when it was stored), or
     None: an index built here, an artifact of an earlier release, or one unreadable (the rows are
     then analysed at load)."""
@@ -279,7 +282,7 @@ def load_terms(doors: ReadDoors, index: ResidentIndex) -> ResidentTerms | None:
     if stored is None:
         return None
     try:
-        terms = ResidentTerms.from_bytes(stored)
+        terms = TermPairs.from_bytes(stored)
     except (pa.ArrowException, ValueError) as exc:
         log.warning("the terms stored beside the serving index are unreadable (analysing the rows): %s", exc)
         return None
