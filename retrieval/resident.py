@@ -17,6 +17,8 @@ evaluated in C++ inside the graph walk, where the others call a Python predicate
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -50,8 +52,11 @@ same mask): a filtered graph walk then visits mostly rows it may not return, and
 should."""
 ROW_OVERHEAD_BYTES = 96
 SCAN_RUN_MIN = 64
-"""A run of consecutive allowed positions at least this long is scored by one BLAS product; the
-rows of shorter runs by faiss one at a time."""
+"""A run of consecutive allowed positions at least this long is handed to faiss whole; the rows of
+shorter runs by position."""
+SCAN_PIECE_ROWS = 1 << 16
+"""Rows of a run scored in one call; a scan of several such pieces is spread across the cores."""
+_SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="resident-scan")
 
 
 def resident_bytes(rows: int, dimension: int) -> int:
@@ -139,33 +144,38 @@ class ResidentIndex:
         return self._scanned(np.ascontiguousarray(query, dtype=np.float32), allowed, take)
 
     def _scanned(self, query: np.ndarray, allowed: np.ndarray, take: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every allowed row scored, the best ``take`` (and ties) kept, best first.
+        """Every allowed row scored, the best ``take`` and every row tied with the last kept, best first.
 
+        Each score is faiss's inner product of the row and the query, computed row by row, so it is
+        a function of the two alone (``tests/retrieval/test_resident.py`` checks it bit for bit).
         Rows are laid out by tag set (``by_tags``), so a caller's rows are mostly a few long runs:
-        each is scored by one BLAS product over the stored vectors in place (several times faster
-        than faiss's row-by-row scan), the rows between runs by faiss, row by row. A BLAS product's
-        rounding depends on where its run starts and ends, which hidden rows decide; so its scores
-        only choose candidates (every row within twice its error bound of the ``take``-th), and
-        every score returned is faiss's, computed from the row and the query alone."""
+        each is handed to faiss whole (its kernel over consecutive rows, several times faster than
+        a product through numpy's BLAS on faiss's storage), split across the cores when long; the
+        rows between runs go to faiss by position."""
         changes = np.flatnonzero(allowed[1:] != allowed[:-1]) + 1
         edges = np.concatenate([[0] if allowed[0] else [], changes, [len(allowed)] if allowed[-1] else []]).astype(np.int64)
         starts, ends = edges[0::2], edges[1::2]
         long = (ends - starts) >= SCAN_RUN_MIN
-        vectors = self._vectors
-        blas_positions = [np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(starts[long].tolist(), ends[long].tolist(), strict=True)]
-        blas_scores = [vectors[lo:hi] @ query for lo, hi in zip(starts[long].tolist(), ends[long].tolist(), strict=True)]
-        candidates = _ranges(starts[~long], ends[~long])
-        scores = self._exact(query, candidates)
-        if blas_positions:
-            approximate, positions = np.concatenate(blas_scores), np.concatenate(blas_positions)
-            everything = np.concatenate([approximate, scores])
-            floor = np.partition(everything, len(everything) - take)[len(everything) - take]
-            close = positions[approximate >= floor - 2 * self._blas_error]
-            candidates, scores = np.concatenate([close, candidates]), np.concatenate([self._exact(query, close), scores])
+        pieces = _pieces(starts[long], ends[long], SCAN_PIECE_ROWS)
+        positions = np.concatenate([_ranges(starts[long], ends[long]), _ranges(starts[~long], ends[~long])])
+        scores = np.empty(len(positions), dtype=np.float32)
+        at = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in pieces], dtype=np.int64)])
+        vectors, d = self._vectors, self.graph.d
+
+        def run(number: int) -> None:
+            lo, hi = pieces[number]
+            faiss.fvec_inner_products_ny(faiss.swig_ptr(scores[at[number] : at[number + 1]]), faiss.swig_ptr(query),
+                                         faiss.swig_ptr(vectors[lo:hi]), d, hi - lo)  # fmt: skip
+
+        if len(pieces) > 1:
+            list(_SCAN_POOL.map(run, range(len(pieces))))
+        elif pieces:
+            run(0)
+        scores[at[-1] :] = self._exact(query, positions[at[-1] :])
         floor = np.partition(scores, len(scores) - take)[len(scores) - take]
         kept = np.flatnonzero(scores >= floor)
         order = kept[np.argsort(-scores[kept], kind="stable")]
-        return candidates[order], scores[order]
+        return positions[order], scores[order]
 
     def _exact(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """faiss's inner product of ``query`` with each row at ``positions``, one row at a time."""
@@ -185,13 +195,6 @@ class ResidentIndex:
         """The stored vectors, (rows, d) float32, in place (a view of faiss's storage)."""
         flat = faiss.rev_swig_ptr(self._storage.get_xb(), self.graph.ntotal * self.graph.d)
         return np.asarray(flat).reshape(self.graph.ntotal, self.graph.d)
-
-    @cached_property
-    def _blas_error(self) -> float:
-        """A bound on a float32 product's rounding error for unit vectors of this dimension
-        (d * u / (1 - d * u), doubled for safety)."""
-        unit = float(np.finfo(np.float32).eps) / 2
-        return 2 * self.graph.d * unit / (1 - self.graph.d * unit)
 
     def to_bytes(self) -> bytes:
         """The graph with its vectors, as faiss serialises it (the rows travel beside it)."""
@@ -216,6 +219,12 @@ class ResidentIndex:
     def stored_rows(self) -> pa.Table:
         """What an artifact keeps beside the graph: each row's content and whether it can be ranked."""
         return self.content.append_column("usable", pa.array(self.usable))
+
+
+def _pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:
+    """The ranges ``[starts[i], ends[i])`` cut into pieces of at most ``size`` rows, in order."""
+    return [(lo, min(lo + size, hi)) for first, hi in zip(starts.tolist(), ends.tolist(), strict=True)
+            for lo in range(first, hi, size)]  # fmt: skip
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

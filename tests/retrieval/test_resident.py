@@ -1,9 +1,9 @@
-"""The resident index's exact scan: runs scored by BLAS, the rest by faiss, every score faiss's.
+"""The resident index's exact scan: runs of a caller's rows handed to faiss whole, the rest by position.
 
-A BLAS product's rounding depends on where its run starts and ends, which the rows a caller
-cannot read decide; so the scan may use it to choose candidates only. Checked here against faiss
-scoring every allowed row one at a time, bit for bit, for masks whose runs are long, short and
-mixed, and for one set of allowed rows laid among different hidden ones."""
+Where a run starts and ends is decided by the rows a caller cannot read, so a row's score must not
+depend on it (a BLAS product's rounding does). Checked here against faiss scoring every allowed row
+one at a time, bit for bit, for masks whose runs are long, short, mixed and split across the cores,
+and for one set of allowed rows laid among different hidden ones."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from ragwarden.retrieval import resident
 from ragwarden.retrieval.hits import CONTENT_COLUMNS
 from ragwarden.retrieval.resident import SCAN_RUN_MIN, ResidentIndex, by_tags
 
-ROWS, DIMENSION = 6_000, 32
+ROWS, DIMENSION = 6_000, 384
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,11 @@ def _masks(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("shape", ["long runs", "scattered", "mixed", "one row"])
-def test_the_exact_scan_returns_faiss_s_own_scores_of_the_best_allowed_rows_and_their_ties(index: ResidentIndex, shape: str):
+@pytest.mark.parametrize("piece", [resident.SCAN_PIECE_ROWS, 100])
+def test_the_exact_scan_returns_faiss_s_own_scores_of_the_best_allowed_rows_and_their_ties(
+    index: ResidentIndex, shape: str, piece: int, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(resident, "SCAN_PIECE_ROWS", piece)  # 100: long runs cut into pieces scored on every core
     rng = np.random.default_rng(5)
     allowed = _masks(rng)[shape]
     for query in (index._vectors[3], rng.standard_normal(DIMENSION).astype(np.float32)):
