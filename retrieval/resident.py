@@ -157,24 +157,19 @@ class ResidentIndex:
         starts, ends = edges[0::2], edges[1::2]
         long = (ends - starts) >= SCAN_RUN_MIN
         pieces = _pieces(starts[long], ends[long], SCAN_PIECE_ROWS)
-        positions = np.concatenate([_ranges(starts[long], ends[long]), _ranges(starts[~long], ends[~long])])
-        scores = np.empty(len(positions), dtype=np.float32)
-        at = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in pieces], dtype=np.int64)])
         vectors, d = self._vectors, self.graph.d
 
-        def run(number: int) -> None:
+        def piece(number: int) -> tuple[np.ndarray, np.ndarray]:
             lo, hi = pieces[number]
-            faiss.fvec_inner_products_ny(faiss.swig_ptr(scores[at[number] : at[number + 1]]), faiss.swig_ptr(query),
-                                         faiss.swig_ptr(vectors[lo:hi]), d, hi - lo)  # fmt: skip
+            scores = np.empty(hi - lo, dtype=np.float32)
+            faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(vectors[lo:hi]), d, hi - lo)
+            return _best(np.arange(lo, hi, dtype=np.int64), scores, take)
 
-        if len(pieces) > 1:
-            list(_SCAN_POOL.map(run, range(len(pieces))))
-        elif pieces:
-            run(0)
-        scores[at[-1] :] = self._exact(query, positions[at[-1] :])
-        floor = np.partition(scores, len(scores) - take)[len(scores) - take]
-        kept = np.flatnonzero(scores >= floor)
-        order = kept[np.argsort(-scores[kept], kind="stable")]
+        found = list(_SCAN_POOL.map(piece, range(len(pieces)))) if len(pieces) > 1 else [piece(0)] if pieces else []
+        scattered = _ranges(starts[~long], ends[~long])
+        found.append(_best(scattered, self._exact(query, scattered), take))
+        positions, scores = _best(np.concatenate([p for p, _ in found]), np.concatenate([s for _, s in found]), take)
+        order = np.argsort(-scores, kind="stable")
         return positions[order], scores[order]
 
     def _exact(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -219,6 +214,15 @@ class ResidentIndex:
     def stored_rows(self) -> pa.Table:
         """What an artifact keeps beside the graph: each row's content and whether it can be ranked."""
         return self.content.append_column("usable", pa.array(self.usable))
+
+
+def _best(positions: np.ndarray, scores: np.ndarray, take: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``take`` best of ``positions`` by ``scores``, and every one tied with the last of them."""
+    if len(scores) <= take:
+        return positions, scores
+    floor = np.partition(scores, len(scores) - take)[len(scores) - take]
+    kept = scores >= floor
+    return positions[kept], scores[kept]
 
 
 def _pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:

@@ -33,8 +33,9 @@ from .resident_tags import NO_SET, TAG_READ_COLUMNS, Readable, ResidentTags, Set
 from .visible_rows import unit_vectors
 
 WHOLE_READ_ROWS = 20_000
-"""Fragments a delta added holding at most so many rows are read whole for the content of the new
-rows among them (a commit's own fragments); larger ones (a compaction) are read by id."""
+"""Fragments a delta added or rewrote holding at most so many rows (as written) are read once, tags
+with content and vectors (a commit's own fragments); larger ones (a compaction) for their tags,
+then the new rows' content by id."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +174,12 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
     kept = fragments.keys() & tags.fragments.keys()
     rewritten = {f for f in kept if fragments[f][0] != tags.fragments[f][0]}  # columns updated in place: read again
     added = sorted((fragments.keys() - tags.fragments.keys()) | rewritten)
-    written = chunks.fragment_rows(version, added, TAG_READ_COLUMNS) if added else None
+    size = chunks.physical_rows(version, added) if added else 0
+    if size is None:
+        return None
+    whole = size <= WHOLE_READ_ROWS  # a commit's few rows: content and vectors read with the tags, in one pass
+    columns = [*TAG_READ_COLUMNS, *(c for c in CONTENT_COLUMNS if c not in TAG_READ_COLUMNS), "vector"] if whole else TAG_READ_COLUMNS
+    written = chunks.fragment_rows(version, added, columns) if added else None
     if added and written is None:
         return None
     fresh_slots = dict(state.fresh_slots)
@@ -191,7 +197,7 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
     if written is not None:
         new_texts = None
         if new_ids:
-            taken = _content_of(chunks, version, added, new_ids, whole=written.num_rows <= WHOLE_READ_ROWS)
+            taken = _in_order(written, new_ids) if whole else _content_of(chunks, version, added, new_ids)
             if taken is None:
                 return None
             more, more_usable = unit_vectors(taken.column("vector"), state.index.graph.d)
@@ -289,19 +295,18 @@ def _removed(
     return True
 
 
-def _content_of(
-    chunks: ChunkReads, version: int, fragments: list[int], chunk_ids: list[str], *, whole: bool
-) -> pa.Table | None:
-    """The content and vectors of ``chunk_ids`` (rows of ``fragments`` at ``version``), in that
-    order: the fragments read whole when ``whole`` (a commit's few rows) or the ids are many (a
-    bulk write), else by id (a few new rows among many rewritten: a compaction, whose rows the
-    index holds, reads no vector at all)."""
+def _content_of(chunks: ChunkReads, version: int, fragments: list[int], chunk_ids: list[str]) -> pa.Table | None:
+    """The content and vectors of ``chunk_ids`` (rows of large ``fragments`` at ``version``: a
+    compaction's, whose rows the index mostly holds), in that order: read by id when they are few
+    (no vector of a row the index holds is read), else the fragments whole (a bulk write)."""
     columns = [*CONTENT_COLUMNS, "vector"]
-    if not whole and len(chunk_ids) <= IN_LIST_MAX_IDS:
+    if len(chunk_ids) <= IN_LIST_MAX_IDS:
         found = chunks.read_rows_at(version, "TRUE", chunk_ids, columns)
     else:
         found = chunks.fragment_rows(version, fragments, columns)
-    if found is None:
-        return None
-    at = pc.index_in(pa.array(chunk_ids), value_set=found.column("chunk_id"))
-    return found.take(at)
+    return None if found is None else _in_order(found, chunk_ids)
+
+
+def _in_order(found: pa.Table, chunk_ids: list[str]) -> pa.Table:
+    """The rows of ``found`` holding ``chunk_ids``, in that order."""
+    return found.take(pc.index_in(pa.array(chunk_ids), value_set=found.column("chunk_id")))

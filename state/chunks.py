@@ -8,6 +8,8 @@ version a read is asked at, or answers with, is the request's pinned one inside 
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -32,6 +34,10 @@ IN_LIST_MAX_IDS = 2_000
 and filtered (a filter of thousands of literals costs more than the scan)."""
 
 
+DATASETS_KEPT = 4
+"""Datasets at a version a ``ChunkReads`` keeps open."""
+
+
 @names_storage_failures
 class ChunkReads(Door):
     """Reads of ``chunks``: what a search, a review or a lineage query asks."""
@@ -40,6 +46,8 @@ class ChunkReads(Door):
         super().__init__(home)
         self._table = table
         self.dimension = dimension
+        self._datasets: OrderedDict[int, Any] = OrderedDict()  # version -> dataset, the last few opened
+        self._datasets_lock = threading.Lock()
 
     # -- versions and what the table records ---------------------------------------------
 
@@ -138,8 +146,11 @@ class ChunkReads(Door):
     def commit_kinds(self, since: int, until: int) -> list[str] | None:
         """What each commit after ``since`` up to ``until`` was, as Lance records it (``Update``
         with its mode, ``Append``, ``Delete``, ``Rewrite``...); None when a record is gone."""
+        dataset = self._at(until)
+        if dataset is None:
+            return None
         try:
-            found = self._table.to_lance().delta(begin_version=since, end_version=until).list_transactions()
+            found = dataset.delta(begin_version=since, end_version=until).list_transactions()
         except (OSError, pa.ArrowException, ValueError) as exc:
             if is_missing_file(exc) or "not found" in str(exc).lower():
                 return None
@@ -167,6 +178,14 @@ class ChunkReads(Door):
             for fragment in dataset.get_fragments()
         }  # fmt: skip
 
+    def physical_rows(self, version: int, fragment_ids: Sequence[int]) -> int | None:
+        """How many rows ``fragment_ids`` were written with at ``version`` (the manifest's count,
+        removed rows included; nothing read); None when that version is gone."""
+        dataset = self._at(version)
+        if dataset is None:
+            return None
+        return sum(dataset.get_fragment(f).metadata.physical_rows for f in fragment_ids)
+
     def fragment_rows(self, version: int, fragment_ids: Sequence[int], columns: Sequence[str]) -> pa.Table | None:
         """The live rows of ``fragment_ids`` at ``version`` with ``columns`` and ``_rowaddr``
         (fragment id in the high 32 bits, the row's offset in it in the low); None when that
@@ -188,16 +207,26 @@ class ChunkReads(Door):
         return found
 
     def _at(self, version: int) -> Any:
-        """The dataset at ``version``, or None when that version is gone."""
+        """The dataset at ``version``, or None when that version is gone. The last few opened are
+        kept (a version never changes): moving a reader to a new version reads its fragments, their
+        rows and the rows' content, and opening a dataset costs about a millisecond each time."""
+        with self._datasets_lock:
+            held = self._datasets.get(version)
+        if held is not None:
+            return held
         dataset = self._table.to_lance()
-        if dataset.version == version:
-            return dataset
-        try:
-            return dataset.checkout_version(version)
-        except (OSError, pa.ArrowException, ValueError) as exc:
-            if is_missing_file(exc) or "not found" in str(exc).lower():
-                return None
-            raise
+        if dataset.version != version:
+            try:
+                dataset = dataset.checkout_version(version)
+            except (OSError, pa.ArrowException, ValueError) as exc:
+                if is_missing_file(exc) or "not found" in str(exc).lower():
+                    return None
+                raise
+        with self._datasets_lock:
+            self._datasets[version] = dataset
+            while len(self._datasets) > DATASETS_KEPT:
+                self._datasets.popitem(last=False)
+        return dataset
 
     def read_rows_at(self, version: int, where: str, chunk_ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
         """The rows of ``chunk_ids`` that ``where`` admits at ``version`` (None if that version is
