@@ -157,13 +157,11 @@ class ResidentIndex:
         starts, ends = edges[0::2], edges[1::2]
         long = (ends - starts) >= SCAN_RUN_MIN
         pieces = _pieces(starts[long], ends[long], SCAN_PIECE_ROWS)
-        vectors, d = self._vectors, self.graph.d
+        vectors = self._vectors
 
         def piece(number: int) -> tuple[np.ndarray, np.ndarray]:
             lo, hi = pieces[number]
-            scores = np.empty(hi - lo, dtype=np.float32)
-            faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(vectors[lo:hi]), d, hi - lo)
-            return _best(np.arange(lo, hi, dtype=np.int64), scores, take)
+            return _best(np.arange(lo, hi, dtype=np.int64), inner_products(vectors[lo:hi], query), take)
 
         found = list(_SCAN_POOL.map(piece, range(len(pieces)))) if len(pieces) > 1 else [piece(0)] if pieces else []
         scattered = _ranges(starts[~long], ends[~long])
@@ -214,6 +212,16 @@ class ResidentIndex:
     def stored_rows(self) -> pa.Table:
         """What an artifact keeps beside the graph: each row's content and whether it can be ranked."""
         return self.content.append_column("usable", pa.array(self.usable))
+
+
+def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Each row of ``vectors`` (contiguous float32) times ``query``, by faiss's kernel row by row: a
+    row's score is a function of the row and the query alone, whatever rows are scored beside it."""
+    scores = np.empty(len(vectors), dtype=np.float32)
+    if len(vectors):
+        query = np.ascontiguousarray(query, dtype=np.float32)
+        faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(vectors), vectors.shape[1], len(vectors))
+    return scores
 
 
 def _best(positions: np.ndarray, scores: np.ndarray, take: int) -> tuple[np.ndarray, np.ndarray]:

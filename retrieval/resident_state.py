@@ -15,7 +15,7 @@ commit removed rows from, never the table. A state is immutable; ``advanced`` re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..governance.compiler import SubjectView
 from ..stages import work
 from ..state import IN_LIST_MAX_IDS, ChunkReads
 from .hits import CONTENT_COLUMNS
-from .resident import ResidentIndex
+from .resident import ResidentIndex, inner_products
 from .resident_lexical import ResidentTerms, TermPairs, TermVocabulary
 from .resident_tags import NO_SET, TAG_READ_COLUMNS, Readable, ResidentTags, SetCatalog, by_fragment, split_addresses
 from .visible_rows import unit_vectors
@@ -101,6 +101,15 @@ class ResidentState:
     def lexical(self, allowed: Readable, terms: list[str], k: int) -> list[tuple[dict[str, Any], float]]:
         """The ``k`` best of the ``allowed`` slots holding a query term, by BM25 over the allowed
         slots alone, best first, equal scores by chunk id."""
+        return self.materialised(self.ranked_lexical(allowed, terms, k))
+
+    def nearest(self, query: np.ndarray, allowed: np.ndarray, k: int, *, exact: bool) -> list[tuple[dict[str, Any], float]]:
+        """The ``k`` nearest of the ``allowed`` slots (a mask) with their cosine, best first, equal
+        scores by chunk id: content from the index or the fresh rows, tags from this version."""
+        return self.materialised(self.ranked_nearest(query, allowed, k, exact=exact))
+
+    def ranked_lexical(self, allowed: Readable, terms: list[str], k: int) -> list[Ranked]:
+        """``lexical``'s ranking, as slots and chunk ids (no row read yet)."""
         if k < 1:
             return []
         slots, scores = self.terms.scores(allowed.sets, allowed.mask, terms)
@@ -108,24 +117,42 @@ class ResidentState:
             floor = np.partition(scores, len(scores) - k)[len(scores) - k]
             kept = scores >= floor
             slots, scores = slots[kept], scores[kept]
-        order = sorted(zip((-scores).tolist(), self.chunk_ids_of(slots), range(len(slots))))[:k]
-        chosen = np.asarray([at for _, _, at in order], dtype=np.int64)
-        return list(zip(self.rows_of(slots[chosen]), scores[chosen].tolist(), strict=True))
+        return self._ordered(slots, scores, k)
 
-    def nearest(self, query: np.ndarray, allowed: np.ndarray, k: int, *, exact: bool) -> list[tuple[dict[str, Any], float]]:
-        """The ``k`` nearest of the ``allowed`` slots (a mask) with their cosine, best first, equal
-        scores by chunk id: content from the index or the fresh rows, tags from this version."""
+    def ranked_nearest(self, query: np.ndarray, allowed: np.ndarray, k: int, *, exact: bool) -> list[Ranked]:
+        """``nearest``'s ranking, as slots and chunk ids (no row read yet). A fresh row's score,
+        as an indexed row's, is computed from the row and the query alone (faiss's kernel row by
+        row): never rounded differently because of the other rows scored beside it."""
         rows = self.index.rows
         held = allowed[:rows] & self.index.usable
         positions, scores = self.index.search(query, held, k, exact=exact)
-        ranked = list(zip(self.rows_of(positions), scores.tolist(), strict=True))
         fresh = np.flatnonzero(allowed[rows:] & self.fresh_usable)
         if len(fresh):
             work("rows_scored", len(fresh))
-            fresh_scores = self.fresh_vectors[fresh] @ query
+            fresh_scores = inner_products(np.ascontiguousarray(self.fresh_vectors[fresh]), query)
             best = np.argsort(-fresh_scores, kind="stable")[:k]
-            ranked += list(zip(self.rows_of(fresh[best] + rows), fresh_scores[best].tolist(), strict=True))
-        return sorted(ranked, key=lambda item: (-item[1], item[0]["chunk_id"]))[:k]
+            positions, scores = np.concatenate([positions, fresh[best] + rows]), np.concatenate([scores, fresh_scores[best]])
+        return self._ordered(positions, scores, k)
+
+    def _ordered(self, slots: np.ndarray, scores: np.ndarray, k: int) -> list[Ranked]:
+        """The ``k`` best of ``slots`` by ``scores``, equal scores by chunk id."""
+        ranked = [Ranked(slot=int(slot), chunk_id=chunk_id, score=float(score))
+                  for slot, chunk_id, score in zip(slots.tolist(), self.chunk_ids_of(slots), scores.tolist(), strict=True)]  # fmt: skip
+        return sorted(ranked, key=lambda r: (-r.score, r.chunk_id))[:k]
+
+    def materialised(self, ranked: Sequence[Ranked]) -> list[tuple[dict[str, Any], float]]:
+        """What the ``ranked`` slots say, with their tags at this version, and their scores."""
+        rows = self.rows_of(np.asarray([r.slot for r in ranked], dtype=np.int64))
+        return list(zip(rows, [r.score for r in ranked], strict=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ranked:
+    """One slot of a ranking: where it is, the chunk id it holds, its score."""
+
+    slot: int
+    chunk_id: str
+    score: float
 
 
 def index_terms(index: ResidentIndex) -> TermPairs:

@@ -37,7 +37,7 @@ from .fusion import reciprocal_rank_fusion
 from .hits import CURRENT_COLUMNS, RESULT_COLUMNS, Hit
 from .lexical import LexicalRows, query_terms
 from .narrowing import Narrow, Narrowing, narrowed
-from .resident_state import ResidentState
+from .resident_state import Ranked, ResidentState
 from .serving import ServingIndex
 from .visible_fields import FIELD_COLUMNS, VisibleFields, VisibleIds
 from .visible_rows import Held, VisibleRowCache, VisibleRows
@@ -471,10 +471,12 @@ class Searcher:
         depth = max(k, HYBRID_CANDIDATES)
         # The two halves at once: faiss and numpy let go of the interpreter while they scan, so on
         # two cores the exact vector half and BM25 overlap (the other half's work counted here too).
-        vector_half = self._halves.submit(contextvars.copy_context().run, state.nearest, unit, allowed.mask, depth, exact=True)
-        text_rows = [row for row, _ in state.lexical(allowed, query_terms(query), depth)]
-        vector_rows = [row for row, _ in vector_half.result()]
-        return self._fused(vector_rows, text_rows, k)
+        vector_half = self._halves.submit(contextvars.copy_context().run, state.ranked_nearest, unit, allowed.mask, depth, exact=True)
+        text_ranked = state.ranked_lexical(allowed, query_terms(query), depth)
+        vector_ranked = vector_half.result()
+        fused = reciprocal_rank_fusion([[r.chunk_id for r in vector_ranked], [r.chunk_id for r in text_ranked]])[:k]
+        slot_of = {r.chunk_id: r.slot for r in [*text_ranked, *vector_ranked]}
+        return state.materialised([Ranked(slot=slot_of[chunk_id], chunk_id=chunk_id, score=score) for chunk_id, score in fused])
 
     def plan(self, where: str, version: int) -> str:
         """"flat" (exact scan of the rows ``where`` admits), "resident" (this process's serving
