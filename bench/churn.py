@@ -34,6 +34,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -202,6 +203,9 @@ def reader_work(uri: str, rows: int, commits: int = 10, batch: int = 100, seed: 
     state = searcher.serving.state(store.chunks.version)
     assert state is not None
     loaded = time.perf_counter() - began
+    for thread in threading.enumerate():  # a replica's steady state: its vectors read in once, not beside the moves
+        if thread.name == "resident-index-warm":
+            thread.join()
     parts = {"index": state.index.nbytes, "tags": state.tags.nbytes, "terms": state.terms.nbytes}
     rng = np.random.default_rng(seed)
     timings: dict[str, list[float]] = {"append": [], "retag": []}
