@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from ..errors import InvalidValueError
 from ..stages import work
-from ..state.schema import TAG_COLUMNS
+from ..state import TAG_COLUMNS
 from .hits import CONTENT_COLUMNS
 from .visible_rows import unit_vectors
 

@@ -29,8 +29,7 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from ..stages import work
-from ..state import ChunkReads, ReadDoors
-from ..state.schema import TAG_COLUMNS
+from ..state import TAG_COLUMNS, ChunkReads, ReadDoors
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
 from .resident import ResidentIndex, by_tags, resident_bytes
 from .resident_lexical import TermPairs

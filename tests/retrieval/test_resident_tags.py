@@ -25,8 +25,7 @@ from ragwarden.retrieval.resident_state import ResidentState, advanced
 from ragwarden.retrieval.resident_tags import TAG_READ_COLUMNS
 from ragwarden.retrieval.search import Searcher
 from ragwarden.stages import counting
-from ragwarden.state import ChunkWrite
-from ragwarden.state.schema import TAG_COLUMNS
+from ragwarden.state import TAG_COLUMNS, ChunkWrite
 from ragwarden.warehouse import Warehouse
 
 OTHER_TENANT = "globex"
