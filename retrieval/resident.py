@@ -31,7 +31,7 @@ from ..errors import InvalidValueError
 from ..stages import work
 from ..state import TAG_COLUMNS
 from .hits import CONTENT_COLUMNS
-from .visible_rows import unit_vectors
+from .visible_rows import best_with_ties, unit_vectors
 
 HNSW_M = 32
 """Neighbours per node (faiss's HNSW32; the FAISS peer of ``make bench`` uses the same)."""
@@ -161,12 +161,12 @@ class ResidentIndex:
 
         def piece(number: int) -> tuple[np.ndarray, np.ndarray]:
             lo, hi = pieces[number]
-            return _best(np.arange(lo, hi, dtype=np.int64), inner_products(vectors[lo:hi], query), take)
+            return best_with_ties(np.arange(lo, hi, dtype=np.int64), inner_products(vectors[lo:hi], query), take)
 
         found = list(_SCAN_POOL.map(piece, range(len(pieces)))) if len(pieces) > 1 else [piece(0)] if pieces else []
-        scattered = _ranges(starts[~long], ends[~long])
-        found.append(_best(scattered, self._exact(query, scattered), take))
-        positions, scores = _best(np.concatenate([p for p, _ in found]), np.concatenate([s for _, s in found]), take)
+        scattered = range_positions(starts[~long], ends[~long])
+        found.append(best_with_ties(scattered, self._exact(query, scattered), take))
+        positions, scores = best_with_ties(np.concatenate([p for p, _ in found]), np.concatenate([s for _, s in found]), take)
         order = np.argsort(-scores, kind="stable")
         return positions[order], scores[order]
 
@@ -224,22 +224,13 @@ def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _best(positions: np.ndarray, scores: np.ndarray, take: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``take`` best of ``positions`` by ``scores``, and every one tied with the last of them."""
-    if len(scores) <= take:
-        return positions, scores
-    floor = np.partition(scores, len(scores) - take)[len(scores) - take]
-    kept = scores >= floor
-    return positions[kept], scores[kept]
-
-
 def _pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:
     """The ranges ``[starts[i], ends[i])`` cut into pieces of at most ``size`` rows, in order."""
     return [(lo, min(lo + size, hi)) for first, hi in zip(starts.tolist(), ends.tolist(), strict=True)
             for lo in range(first, hi, size)]  # fmt: skip
 
 
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def range_positions(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Every position of the ranges ``[starts[i], ends[i])``."""
     lengths = ends - starts
     total = int(lengths.sum())

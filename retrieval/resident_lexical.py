@@ -39,6 +39,7 @@ from pyarrow import ipc
 from ..errors import InvalidValueError
 from ..stages import work
 from .lexical import K1, VOCABULARY_ENTRY_BYTES, B, analyse
+from .resident import range_positions
 
 _ARTIFACT_TYPES = {"vocabulary": pa.string(), "slot_of": pa.int32(), "term_of": pa.int32(), "frequency": pa.int32(),
                    "lengths": pa.int32()}  # fmt: skip
@@ -166,12 +167,7 @@ class _Postings:
         at = np.minimum(np.searchsorted(self.keys, wanted), len(self.keys) - 1)
         found = np.flatnonzero(self.keys[at] == wanted)
         firsts, lasts = self.starts[at[found]], self.starts[at[found] + 1]
-        lengths = lasts - firsts
-        total = int(lengths.sum())
-        if total == 0:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        positions = np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total, dtype=np.int64)
-        return positions, np.repeat(found, lengths)
+        return range_positions(firsts, lasts), np.repeat(found, lasts - firsts)
 
     def terms(self) -> np.ndarray:
         """Each pair's term id."""

@@ -30,7 +30,7 @@ from .hits import CONTENT_COLUMNS
 from .resident import ResidentIndex, inner_products
 from .resident_lexical import ResidentTerms, TermPairs, TermVocabulary
 from .resident_tags import NO_SET, TAG_READ_COLUMNS, Readable, ResidentTags, SetCatalog, by_fragment, split_addresses
-from .visible_rows import unit_vectors
+from .visible_rows import best_with_ties, unit_vectors
 
 WHOLE_READ_ROWS = 20_000
 """Fragments a delta added or rewrote holding at most so many rows (as written) are read once, tags
@@ -113,11 +113,7 @@ class ResidentState:
         if k < 1:
             return []
         slots, scores = self.terms.scores(allowed.sets, allowed.mask, terms)
-        if len(slots) > k:  # the k best and every score tied with the last of them
-            floor = np.partition(scores, len(scores) - k)[len(scores) - k]
-            kept = scores >= floor
-            slots, scores = slots[kept], scores[kept]
-        return self._ordered(slots, scores, k)
+        return self._ordered(*best_with_ties(slots, scores, k), k)
 
     def ranked_nearest(self, query: np.ndarray, allowed: np.ndarray, k: int, *, exact: bool) -> list[Ranked]:
         """``nearest``'s ranking, as slots and chunk ids (no row read yet). A fresh row's score,

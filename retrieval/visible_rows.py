@@ -58,6 +58,15 @@ def unit_vectors(column: pa.ChunkedArray | pa.Array, dimension: int) -> tuple[np
     return np.ascontiguousarray(vectors), usable
 
 
+def best_with_ties(positions: np.ndarray, scores: np.ndarray, take: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``take`` best of ``positions`` by ``scores``, and every one tied with the last of them."""
+    if len(scores) <= take:
+        return positions, scores
+    floor = np.partition(scores, len(scores) - take)[len(scores) - take]
+    kept = scores >= floor
+    return positions[kept], scores[kept]
+
+
 def best_first(
     scores: np.ndarray, k: int, eligible: np.ndarray | None = None, ties: np.ndarray | None = None
 ) -> np.ndarray:
@@ -67,11 +76,7 @@ def best_first(
     take = min(k, len(positions))
     if take < 1:
         return positions[:0]
-    values = scores[positions]
-    if take < len(positions):  # keep the take best and every score tied with the last of them
-        floor = np.partition(values, len(values) - take)[len(values) - take]
-        kept = values >= floor
-        positions, values = positions[kept], values[kept]
+    positions, values = best_with_ties(positions, scores[positions], take)
     order = positions if ties is None else ties[positions]
     return positions[np.lexsort((order, -values))[:take]]
 
