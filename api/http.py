@@ -200,7 +200,7 @@ def create_app(
         return Readiness(
             status="ready", policy_version=policy.version, table_version=table_version, policy_problem=warehouse.public_policy_problem,
             serving_index=ServingIndexModel(state=serving.state, version=serving.version, rows=serving.rows,
-                                            bytes=serving.bytes, reason=serving.reason),
+                                            bytes=serving.bytes, reason=serving.reason, warm=serving.warm),
         )  # fmt: skip
 
     @app.get("/v1/whoami", response_model=IdentityModel, tags=["identity"])

@@ -367,6 +367,7 @@ class ServingIndexModel(BaseModel):
     rows: int = 0
     bytes: int = 0
     reason: str = ""
+    warm: bool = False
 
 
 class Readiness(BaseModel):

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import faiss
 import numpy as np
@@ -31,6 +34,7 @@ from ..errors import InvalidValueError
 from ..stages import work
 from ..state import TAG_COLUMNS
 from .hits import CONTENT_COLUMNS
+from .resident_codes import CodedQuery, ScanCodes
 from .visible_rows import best_with_ties, unit_vectors
 
 HNSW_M = 32
@@ -56,12 +60,18 @@ SCAN_RUN_MIN = 64
 shorter runs by position."""
 SCAN_PIECE_ROWS = 1 << 16
 """Rows of a run scored in one call; a scan of several such pieces is spread across the cores."""
-_SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="resident-scan")
+CODED_BEST = 512
+"""Coded scores a piece returns at first: enough that, for a caller of half of 500k synthetic
+rows, no piece is searched again (at 256, two queries in five searched one again); a search for
+512 costs little more than one for 50."""
+_SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="resident-scan",
+                                initializer=faiss.omp_set_num_threads, initargs=(1,))  # one core per piece: the pool spreads them  # fmt: skip
 
 
 def resident_bytes(rows: int, dimension: int) -> int:
-    """What an index of ``rows`` vectors occupies: the vectors, the graph's links, the ids."""
-    return rows * (4 * dimension + 2 * HNSW_M * 4 + ROW_OVERHEAD_BYTES)
+    """What an index of ``rows`` vectors occupies: the vectors and their 8-bit codes (with two
+    float32 of each row's bound), the graph's links, the ids."""
+    return rows * (5 * dimension + 8 + 2 * HNSW_M * 4 + ROW_OVERHEAD_BYTES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +83,7 @@ class ResidentIndex:
     content: pa.Table  # CONTENT_COLUMNS, one row per position
     usable: np.ndarray  # bool per position: a vector that can be ranked
     graph: faiss.IndexHNSWFlat = field(repr=False)
+    codes: ScanCodes = field(default_factory=ScanCodes, repr=False, compare=False)  # filled by ``warm``
 
     @classmethod
     def build(cls, rows: pa.Table, *, version: int, dimension: int) -> ResidentIndex:
@@ -94,7 +105,7 @@ class ResidentIndex:
 
     @property
     def nbytes(self) -> int:
-        return resident_bytes(self.rows, self.graph.d) + int(self.content.nbytes)
+        return resident_bytes(self.rows, self.graph.d) + int(self.content.nbytes)  # the codes counted before they are filled
 
     def positions(self, chunk_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """Each id's position in the index, -1 for an id it does not hold: a binary search of the
@@ -132,6 +143,10 @@ class ResidentIndex:
         if visible < 1 or k < 1 or self.rows == 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
         take = min(k, visible)
+        with _one_thread():
+            return self._searched(query, allowed, take, visible, exact=exact)
+
+    def _searched(self, query: np.ndarray, allowed: np.ndarray, take: int, visible: int, *, exact: bool) -> tuple[np.ndarray, np.ndarray]:
         share = visible / self.rows
         if share >= GRAPH_MIN_SHARE and not exact:
             bitmap = np.packbits(allowed, bitorder="little")  # bit i of byte i // 8, least significant first
@@ -149,26 +164,49 @@ class ResidentIndex:
         Each score is faiss's inner product of the row and the query, computed row by row, so it is
         a function of the two alone (``tests/retrieval/test_resident.py`` checks it bit for bit).
         Rows are laid out by tag set (``by_tags``), so a caller's rows are mostly a few long runs:
-        each is handed to faiss whole (its kernel over consecutive rows, several times faster than
-        a product through numpy's BLAS on faiss's storage), split across the cores when long; the
-        rows between runs go to faiss by position."""
+        once the index is warm, their 8-bit codes are read and only the rows that could be among
+        the best are scored exactly (``_coded``); before, each run is handed to faiss whole (its
+        kernel over consecutive rows, several times faster than a product through numpy's BLAS on
+        faiss's storage). Long runs are split across the cores; the rows between runs go to faiss
+        by position."""
         changes = np.flatnonzero(allowed[1:] != allowed[:-1]) + 1
         edges = np.concatenate([[0] if allowed[0] else [], changes, [len(allowed)] if allowed[-1] else []]).astype(np.int64)
         starts, ends = edges[0::2], edges[1::2]
         long = (ends - starts) >= SCAN_RUN_MIN
-        pieces = _pieces(starts[long], ends[long], SCAN_PIECE_ROWS)
-        vectors = self._vectors
-
-        def piece(number: int) -> tuple[np.ndarray, np.ndarray]:
-            lo, hi = pieces[number]
-            return best_with_ties(np.arange(lo, hi, dtype=np.int64), inner_products(vectors[lo:hi], query), take)
-
-        found = list(_SCAN_POOL.map(piece, range(len(pieces)))) if len(pieces) > 1 else [piece(0)] if pieces else []
         scattered = range_positions(starts[~long], ends[~long])
-        found.append(best_with_ties(scattered, self._exact(query, scattered), take))
+        found = [best_with_ties(scattered, self._exact(query, scattered), take)]
+        if self.codes.ready:
+            found.append(self._coded(query, starts[long], ends[long], take, found[0][1]))
+        else:
+            found.extend(_spread(self._run_best, query, _pieces(starts[long], ends[long], SCAN_PIECE_ROWS), take))
         positions, scores = best_with_ties(np.concatenate([p for p, _ in found]), np.concatenate([s for _, s in found]), take)
         order = np.argsort(-scores, kind="stable")
         return positions[order], scores[order]
+
+    def _run_best(self, query: np.ndarray, lo: int, hi: int, take: int) -> tuple[np.ndarray, np.ndarray]:
+        """The best ``take`` of rows ``[lo, hi)`` and their ties, by faiss's kernel over the run."""
+        return best_with_ties(np.arange(lo, hi, dtype=np.int64), inner_products(self._vectors[lo:hi], query), take)
+
+    def _coded(self, query: np.ndarray, starts: np.ndarray, ends: np.ndarray, take: int, exact: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The best ``take`` of the runs ``[starts[i], ends[i])`` and their ties, exactly scored:
+        the codes' best of each piece give a floor under the ``take``-th exact score (with
+        ``exact``, scores of other allowed rows); every row whose code could reach it is scored
+        exactly. A piece whose list may stop above the floor is searched again for more."""
+        pieces = self.codes.pieces(starts, ends)
+        coded = CodedQuery.of(query)
+        count = max(CODED_BEST, 4 * take)
+        bests = _spread(self.codes.best, coded, pieces, count)
+        lower = np.concatenate([exact.astype(np.float64), *[best.scores - best.bounds for best in bests]])
+        floor = float(np.partition(lower, len(lower) - take)[len(lower) - take]) if len(lower) >= take else -np.inf
+        chosen = []
+        for (lo, hi), best in zip(pieces, bests, strict=True):
+            more = count
+            while len(best.positions) == more < hi - lo and best.scores[-1] >= floor - best.widest:  # more may reach it
+                more *= 8
+                best = self.codes.best(coded, lo, hi, more)
+            chosen.append(best.positions[best.scores >= floor - best.bounds])
+        candidates = np.concatenate(chosen) if chosen else np.empty(0, dtype=np.int64)
+        return best_with_ties(candidates, self._exact(query, candidates), take)
 
     def _exact(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """faiss's inner product of ``query`` with each row at ``positions``, one row at a time."""
@@ -202,12 +240,10 @@ class ResidentIndex:
         return cls(version=version, content=content.select(CONTENT_COLUMNS).combine_chunks(), usable=usable, graph=graph)
 
     def warm(self) -> None:
-        """Read every stored vector once, so a graph whose vectors are mapped from its artifact has
-        them in memory before searches fault them in one page at a time."""
-        vectors = self._vectors.reshape(-1)
-        step = 1 << 24  # 64 MB of float32 at a time
-        for start in range(0, len(vectors), step):
-            float(vectors[start : start + step].sum())
+        """Read every stored vector once (a graph whose vectors are mapped from its artifact then
+        has them in memory before searches fault them in one page at a time) and code them for
+        the exact scan (``resident_codes``)."""
+        self.codes.fill(self._vectors)
 
     def stored_rows(self) -> pa.Table:
         """What an artifact keeps beside the graph: each row's content and whether it can be ranked."""
@@ -222,6 +258,26 @@ def inner_products(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
         query = np.ascontiguousarray(query, dtype=np.float32)
         faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(vectors), vectors.shape[1], len(vectors))
     return scores
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """faiss on this thread without an OpenMP team: one query has nothing to share among one, and
+    the team's threads spun beside the scan pool's (scoring 2,000 rows by position took 3 ms, not
+    0.2). OpenMP's setting is per thread; it is put back after."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _spread(score: Callable[..., Any], query: Any, pieces: list[tuple[int, int]], count: int) -> list[Any]:
+    """``score(query, lo, hi, count)`` of each piece, across the scan pool's threads when several."""
+    if len(pieces) == 1:
+        return [score(query, *pieces[0], count)]
+    return list(_SCAN_POOL.map(lambda piece: score(query, *piece, count), pieces))
 
 
 def _pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:

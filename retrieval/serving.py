@@ -19,7 +19,7 @@ import logging
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import faiss
@@ -56,6 +56,7 @@ class ServingStatus:
     rows: int = 0
     bytes: int = 0
     reason: str = ""
+    warm: bool = False  # its vectors read in and coded for the exact scan (``ResidentIndex.warm``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,7 +122,8 @@ class ServingIndex:
         self._follower = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resident-state")
 
     def status(self) -> ServingStatus:
-        return self._status
+        index = self._index
+        return replace(self._status, warm=index is not None and index.codes.ready)
 
     def wanted(self, dimension: int) -> bool:
         """Whether this process may build an index at all (a budget, and room for one row)."""

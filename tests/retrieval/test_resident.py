@@ -3,9 +3,13 @@
 Where a run starts and ends is decided by the rows a caller cannot read, so a row's score must not
 depend on it (a BLAS product's rounding does). Checked here against faiss scoring every allowed row
 one at a time, bit for bit, for masks whose runs are long, short, mixed and split across the cores,
-and for one set of allowed rows laid among different hidden ones."""
+and for one set of allowed rows laid among different hidden ones; each with the runs scored in
+float32 (a cold index) and through the 8-bit codes (a warm one: ``resident_codes``), whose blocks
+are made small here so that runs cross them and ties outnumber a block's first search."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import faiss
 import numpy as np
@@ -15,18 +19,34 @@ import pytest
 from ragwarden.retrieval import resident
 from ragwarden.retrieval.hits import CONTENT_COLUMNS
 from ragwarden.retrieval.resident import SCAN_RUN_MIN, ResidentIndex, by_tags
+from ragwarden.retrieval.resident_codes import ScanCodes
 
 ROWS, DIMENSION = 6_000, 384
 
 
 @pytest.fixture(scope="module")
-def index() -> ResidentIndex:
+def cold_index() -> ResidentIndex:
     rng = np.random.default_rng(12)
     vectors = rng.standard_normal((ROWS, DIMENSION)).astype(np.float32)
     vectors[::7] = vectors[3]  # many exact ties, so a cut between equals shows
     content = {name: [f"c{i:05d}" for i in range(ROWS)] if name == "chunk_id" else [None] * ROWS for name in CONTENT_COLUMNS}
     rows = pa.table({**content, "vector": pa.array(list(vectors), pa.list_(pa.float32(), DIMENSION))})
     return ResidentIndex.build(rows, version=1, dimension=DIMENSION)
+
+
+@pytest.fixture(scope="module")
+def warm_index(cold_index: ResidentIndex) -> ResidentIndex:
+    """The same index with its 8-bit codes, in blocks of 1,000 rows."""
+    warm = dataclasses.replace(cold_index, codes=ScanCodes(block_rows=1_000))
+    warm.warm()
+    assert warm.codes.ready
+    return warm
+
+
+@pytest.fixture(params=["cold", "warm"])
+def index(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ResidentIndex:
+    monkeypatch.setattr(resident, "CODED_BEST", 8)  # a block's first search stops inside the ties
+    return request.getfixturevalue(f"{request.param}_index")
 
 
 def _one_by_one(index: ResidentIndex, query: np.ndarray, allowed: np.ndarray, k: int) -> dict[int, int]:
