@@ -30,7 +30,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +39,7 @@ from pyarrow import ipc
 from ..errors import InvalidValueError
 from ..stages import work
 from .lexical import K1, VOCABULARY_ENTRY_BYTES, B, analyse
+from .patched import Patched
 from .resident import range_positions
 
 _ARTIFACT_TYPES = {"vocabulary": pa.string(), "slot_of": pa.int32(), "term_of": pa.int32(), "frequency": pa.int32(),
@@ -195,9 +196,9 @@ class ResidentTerms:
 
     vocabulary: TermVocabulary
     segments: tuple[_Postings, ...]
-    lengths: np.ndarray  # (slots,) int32
-    owner: np.ndarray  # (slots,) int32, -1 for a slot never analysed
-    placed: np.ndarray  # (slots,) int32 tag set code
+    lengths: Patched  # (slots,) int32
+    owner: Patched  # (slots,) int32, -1 for a slot never analysed
+    placed: Patched  # (slots,) int32 tag set code
 
     @classmethod
     def placed_in(cls, pairs: TermPairs, row_sets: np.ndarray) -> ResidentTerms:
@@ -207,29 +208,28 @@ class ResidentTerms:
         owner = np.full(len(row_sets), -1, np.int32)
         owner[pairs.slots] = 0
         base = _Postings.of(0, row_sets[pairs.slot_of], pairs.term_of, pairs.slot_of, pairs.frequency)
-        return cls(vocabulary=pairs.vocabulary, segments=(base,), lengths=lengths, owner=owner,
-                   placed=np.asarray(row_sets, dtype=np.int32).copy())  # fmt: skip
+        return cls(vocabulary=pairs.vocabulary, segments=(base,), lengths=Patched.of(lengths, fill=0),
+                   owner=Patched.of(owner, fill=-1), placed=Patched.of(np.asarray(row_sets, dtype=np.int32).copy(), fill=-1))  # fmt: skip
 
     def with_rows(self, pairs: TermPairs, sets: np.ndarray, total_slots: int) -> ResidentTerms:
         """These terms for a state of ``total_slots`` slots, with ``pairs`` (new slots, or slots
         whose tag set changed, analysed again) filed under ``sets`` (one per analysed slot)."""
         if not len(pairs.slots) and total_slots == len(self.lengths):
             return self
-        grown = {name: _grown(getattr(self, name), total_slots, fill) for name, fill in (("owner", -1), ("placed", -1))}
         new = pairs.slots >= len(self.lengths)  # a slot held before keeps its length: its text never changes
-        grown["lengths"] = _grown(self.lengths, total_slots, 0) if total_slots > len(self.lengths) else self.lengths
+        lengths = self.lengths.with_values(pairs.slots[new], pairs.lengths[new], length=total_slots)
         if not len(pairs.slots):
-            return ResidentTerms(vocabulary=self.vocabulary, segments=self.segments, **grown)
+            return replace(self, lengths=lengths, owner=self.owner.with_values([], [], length=total_slots),
+                           placed=self.placed.with_values([], [], length=total_slots))  # fmt: skip
         generation = self.segments[-1].generation + 1 if self.segments else 0
-        grown["lengths"][pairs.slots[new]] = pairs.lengths[new]
-        grown["owner"][pairs.slots] = generation
-        grown["placed"][pairs.slots] = sets
-        placed = grown["placed"]
-        added = _Postings.of(generation, placed[pairs.slot_of], pairs.term_of, pairs.slot_of, pairs.frequency)
+        owner = self.owner.with_values(pairs.slots, np.full(len(pairs.slots), generation), length=total_slots)
+        placed = self.placed.with_values(pairs.slots, sets, length=total_slots)
+        added = _Postings.of(generation, placed.take(pairs.slot_of), pairs.term_of, pairs.slot_of, pairs.frequency)
         segments = (*self.segments, added)
         if len(segments) > SEGMENTS_KEPT + 1:  # the later ones merged: work of the rows placed since the first
-            segments = (segments[0], _merged(segments[1:], grown["owner"], placed, generation + 1))
-        return ResidentTerms(vocabulary=self.vocabulary, segments=segments, **grown)
+            merged, owner = _merged(segments[1:], owner, placed, generation + 1)
+            segments = (segments[0], merged)
+        return replace(self, segments=segments, lengths=lengths, owner=owner, placed=placed)
 
     @property
     def nbytes(self) -> int:
@@ -247,7 +247,7 @@ class ResidentTerms:
         documents = int(np.count_nonzero(allowed[: len(self.lengths)]))
         if not known or documents == 0 or not self.segments:
             return np.empty(0, np.int64), np.empty(0)
-        average = float(self.lengths[allowed[: len(self.lengths)]].sum()) / documents
+        average = self.lengths.sum_where(allowed) / documents
         if average == 0:
             return np.empty(0, np.int64), np.empty(0)
         ids = np.asarray([term for term, _ in known], dtype=np.int64)
@@ -258,7 +258,7 @@ class ResidentTerms:
             positions, which = postings.matching(wanted)
             scanned += len(positions)
             slots = postings.slot_of[positions]
-            current = allowed[slots] & (self.owner[slots] == postings.generation)
+            current = allowed[slots] & (self.owner.take(slots) == postings.generation)
             places.append(which[current] % len(ids))
             slot_parts.append(slots[current])
             frequencies.append(postings.frequency[positions[current]])
@@ -271,7 +271,7 @@ class ResidentTerms:
             idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
             frequency = held[mine].astype(np.float64)
             at = slots[mine]  # one pair per (slot, term): no slot twice
-            norm = K1 * (1.0 - B + B * self.lengths[at] / average)
+            norm = K1 * (1.0 - B + B * self.lengths.take(at) / average)
             scores[at] += count * idf * frequency * (K1 + 1.0) / (frequency + norm)
         holding = np.zeros(len(self.lengths), dtype=bool)  # a pass over the slots, no sort of the matches
         holding[slots] = True
@@ -279,21 +279,14 @@ class ResidentTerms:
         return found.astype(np.int64), scores[found]
 
 
-def _grown(values: np.ndarray, total: int, fill: int) -> np.ndarray:
-    """A copy of ``values`` with room for ``total`` (the new ones ``fill``)."""
-    grown = np.full(total, fill, dtype=values.dtype)
-    grown[: len(values)] = values
-    return grown
-
-
-def _merged(segments: Sequence[_Postings], owner: np.ndarray, placed: np.ndarray, generation: int) -> _Postings:
-    """``segments``' current pairs as one generation (``owner`` moved to it), those left behind dropped."""
+def _merged(segments: Sequence[_Postings], owner: Patched, placed: Patched, generation: int) -> tuple[_Postings, Patched]:
+    """``segments``' current pairs as one generation (and ``owner`` moved to it), those left behind dropped."""
     slot_parts, term_parts, frequencies = [], [], []
     for postings in segments:
-        current = owner[postings.slot_of] == postings.generation
+        current = owner.take(postings.slot_of) == postings.generation
         slot_parts.append(postings.slot_of[current])
         term_parts.append(postings.terms()[current])
         frequencies.append(postings.frequency[current])
     slot_of, term_of = np.concatenate(slot_parts), np.concatenate(term_parts)
-    owner[slot_of] = generation
-    return _Postings.of(generation, placed[slot_of], term_of, slot_of, np.concatenate(frequencies))
+    owner = owner.with_values(slot_of, np.full(len(slot_of), generation))
+    return _Postings.of(generation, placed.take(slot_of), term_of, slot_of, np.concatenate(frequencies)), owner

@@ -27,9 +27,10 @@ from ..governance.compiler import SubjectView
 from ..stages import work
 from ..state import IN_LIST_MAX_IDS, ChunkReads
 from .hits import CONTENT_COLUMNS
+from .patched import Patched
 from .resident import ResidentIndex, inner_products
 from .resident_lexical import ResidentTerms, TermPairs, TermVocabulary
-from .resident_tags import NO_SET, TAG_READ_COLUMNS, Readable, ResidentTags, SetCatalog, by_fragment, split_addresses
+from .resident_tags import NO_ADDRESS, NO_SET, TAG_READ_COLUMNS, Readable, ResidentTags, SetCatalog, split_addresses
 from .visible_rows import best_with_ties, unit_vectors
 
 WHOLE_READ_ROWS = 20_000
@@ -175,9 +176,11 @@ def build_state(chunks: ChunkReads, index: ResidentIndex, terms: TermPairs | Non
     row_sets[slots] = codes
     citations = np.zeros((index.rows, 2), dtype=np.int32)
     citations[slots] = catalog.citation_codes(table)
-    addresses = table.column("_rowaddr").to_numpy()
-    tags = ResidentTags(version=index.version, catalog=catalog, row_sets=row_sets, citations=citations,
-                        fragments=fragments, addresses=by_fragment(addresses, slots))  # fmt: skip
+    addresses = np.full(index.rows, NO_ADDRESS, dtype=np.int64)
+    addresses[slots] = table.column("_rowaddr").to_numpy().astype(np.int64)
+    tags = ResidentTags(version=index.version, catalog=catalog, row_sets=Patched.of(row_sets, fill=NO_SET),
+                        citations=Patched.of(citations, fill=0), fragments=fragments,
+                        addresses=Patched.of(addresses, fill=NO_ADDRESS))  # fmt: skip
     empty = pa.schema([index.content.schema.field(name) for name in CONTENT_COLUMNS]).empty_table()
     placed = ResidentTerms.placed_in(terms if terms is not None else index_terms(index), row_sets)
     return ResidentState(index=index, tags=tags, fresh=empty, fresh_vectors=np.empty((0, index.graph.d), np.float32),
@@ -207,16 +210,17 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
         return None
     fresh_slots = dict(state.fresh_slots)
     slots, new_ids = _slots_of(state, written, fresh_slots) if written is not None else (np.empty(0, np.int64), [])
-    row_sets = np.full(len(tags.row_sets) + len(new_ids), NO_SET, dtype=np.int32)  # one copy, room for the new
-    row_sets[: len(tags.row_sets)] = tags.row_sets
-    addresses = dict(tags.addresses)
-    for gone in (tags.fragments.keys() - fragments.keys()) | rewritten:
-        _, held = addresses.pop(gone, (None, np.empty(0, np.int64)))
-        row_sets[held] = NO_SET
+    total = len(tags.row_sets) + len(new_ids)
+    gone = _held_in(tags.addresses, (tags.fragments.keys() - fragments.keys()) | rewritten)  # a pass, when any
     changed = sorted(f for f in kept - rewritten if fragments[f][1] != tags.fragments[f][1])
-    if changed and not _removed(state, chunks, version, fragments, changed, slots, row_sets[: len(tags.row_sets)], addresses):
-        return None
-    fresh, vectors, usable, terms, citations = state.fresh, state.fresh_vectors, state.fresh_usable, state.terms, tags.citations
+    if changed:
+        removed = _removed(state, chunks, version, fragments, changed, slots)
+        if removed is None:
+            return None
+        gone = np.concatenate([gone, removed])
+    fresh, vectors, usable, terms = state.fresh, state.fresh_vectors, state.fresh_usable, state.terms
+    row_sets, citations = tags.row_sets.with_values(gone, np.full(len(gone), NO_SET), length=total), tags.citations
+    addresses = tags.addresses.with_values(gone, np.full(len(gone), NO_ADDRESS), length=total)
     if written is not None:
         new_texts = None
         if new_ids:
@@ -227,11 +231,9 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
             new_texts = taken.column("text")
             fresh = pa.concat_tables([fresh, taken.select(CONTENT_COLUMNS).cast(fresh.schema)]).combine_chunks()
             vectors, usable = np.concatenate([vectors, more]), np.concatenate([usable, more_usable])
-        citations = np.zeros((len(row_sets), 2), dtype=np.int32)
-        citations[: len(tags.citations)] = tags.citations
-        row_sets[slots] = tags.catalog.codes(written)
-        citations[slots] = tags.catalog.citation_codes(written)
-        addresses.update(by_fragment(written.column("_rowaddr").to_numpy(), slots))
+        row_sets = row_sets.with_values(slots, tags.catalog.codes(written))  # after the removals: a rewritten row stays
+        citations = citations.with_values(slots, tags.catalog.citation_codes(written), length=total)
+        addresses = addresses.with_values(slots, written.column("_rowaddr").to_numpy().astype(np.int64))
         terms = _terms_placed(terms, state.index, fresh, row_sets, slots, new_texts)
     next_tags = replace(tags, version=version, row_sets=row_sets, citations=citations, fragments=fragments,
                         addresses=addresses)  # fmt: skip
@@ -240,7 +242,7 @@ def advanced(state: ResidentState, chunks: ChunkReads, version: int) -> Resident
 
 
 def _terms_placed(
-    terms: ResidentTerms, index: ResidentIndex, fresh: pa.Table, row_sets: np.ndarray, written: np.ndarray,
+    terms: ResidentTerms, index: ResidentIndex, fresh: pa.Table, row_sets: Patched, written: np.ndarray,
     new_texts: pa.ChunkedArray | None,
 ) -> ResidentTerms:
     """``terms`` with the new slots' (past those ``terms`` holds; their texts ``new_texts``) and
@@ -248,7 +250,7 @@ def _terms_placed(
     holds (a chunk id's text never changes), filed under their sets in ``row_sets``."""
     held = len(terms.lengths)
     rewritten = np.unique(written[written < held])
-    moved = rewritten[row_sets[rewritten] != terms.placed[rewritten]]
+    moved = rewritten[row_sets.take(rewritten) != terms.placed.take(rewritten)]
     in_index = moved < index.rows
     texts = [index.content.column("text").take(pa.array(moved[in_index])),
              fresh.column("text").take(pa.array(moved[~in_index] - index.rows))]  # fmt: skip
@@ -258,7 +260,7 @@ def _terms_placed(
     joined = pa.chunked_array([chunk.cast(pa.large_string()) for text in texts for chunk in pa.chunked_array(text).chunks],
                               pa.large_string())  # fmt: skip
     pairs = TermPairs.of_texts(joined, slots, terms.vocabulary)
-    return terms.with_rows(pairs, row_sets[slots], len(row_sets))
+    return terms.with_rows(pairs, row_sets.take(slots), len(row_sets))
 
 
 def _slots_of(state: ResidentState, written: pa.Table, fresh_slots: dict[str, int]) -> tuple[np.ndarray, list[str]]:
@@ -278,44 +280,50 @@ def _slots_of(state: ResidentState, written: pa.Table, fresh_slots: dict[str, in
 
 def _removed(
     state: ResidentState, chunks: ChunkReads, version: int, fragments: Mapping[int, tuple[str, str, int]],
-    changed: list[int], written_slots: np.ndarray, row_sets: np.ndarray, addresses: dict[int, tuple[np.ndarray, np.ndarray]],
-) -> bool:
-    """Drop the rows the commits removed from ``changed`` fragments (in ``row_sets`` and
-    ``addresses``); False when a version it needs is gone.
+    changed: list[int], written_slots: np.ndarray,
+) -> np.ndarray | None:
+    """The slots of the rows the commits removed from ``changed`` fragments; None when a version
+    it needs is gone.
 
     Where every commit since was a merge by chunk id (Lance's ``Update`` in ``rewrite_rows`` mode,
     which removes the old row of every id it writes) and a fragment lost exactly as many rows as it
-    held of the ids written, those are the rows it lost, and nothing is read. Any other fragment
-    is read for its live row addresses (a pass over the fragment, about 12 ms per 1M rows)."""
+    held of the ids written (their addresses before say where they were), those are the rows it
+    lost, and each is written again under its slot: nothing to remove, nothing read, no pass over
+    the rows. Any other fragment is read for its live row addresses, and the rows held there
+    found by a pass over the addresses (a delete's cost)."""
     kinds = chunks.commit_kinds(state.version, version)
     merges_only = kinds is not None and all(kind == "Update:rewrite_rows" for kind in kinds)
-    rewritten = np.zeros(len(row_sets) + 1, dtype=bool)
-    rewritten[written_slots[written_slots < len(row_sets)]] = True
-    unresolved = []
+    addresses = state.tags.addresses
+    before = addresses.take(np.unique(written_slots[written_slots < len(addresses)]))  # where each written row was
+    held_in = split_addresses(before[before >= 0])[0]
+    unresolved: list[int] = []
+    removed: list[np.ndarray] = []
     for fragment in changed:
-        offsets, slots = addresses.get(fragment, (np.empty(0, np.int64), np.empty(0, np.int64)))
         lost = fragments[fragment][2] - state.tags.fragments[fragment][2]
-        moved = rewritten[slots]
-        if merges_only and int(np.count_nonzero(moved)) == lost:
-            row_sets[slots[moved]] = NO_SET
-            addresses[fragment] = (offsets[~moved], slots[~moved])
-        else:
+        if not merges_only or int(np.count_nonzero(held_in == fragment)) != lost:
             unresolved.append(fragment)
-    if not unresolved:
-        return True
-    live = chunks.fragment_rows(version, unresolved, [])
-    if live is None:
-        return False
-    live_fragments, live_offsets = split_addresses(live.column("_rowaddr").to_numpy())
-    for fragment in unresolved:
-        offsets, slots = addresses.get(fragment, (np.empty(0, np.int64), np.empty(0, np.int64)))
-        alive = live_offsets[live_fragments == fragment]
-        marks = np.zeros(int(max(offsets.max(initial=-1), alive.max(initial=-1))) + 1, dtype=bool)
-        marks[alive] = True
-        kept = marks[offsets]  # a mask by offset: linear, where a sorted membership test was not
-        row_sets[slots[~kept]] = NO_SET
-        addresses[fragment] = (offsets[kept], slots[kept])
-    return True
+    if unresolved:
+        live = chunks.fragment_rows(version, unresolved, [])
+        if live is None:
+            return None
+        live_fragments, live_offsets = split_addresses(live.column("_rowaddr").to_numpy())
+        held = _held_in(addresses, set(unresolved))
+        held_fragments, held_offsets = split_addresses(addresses.take(held))
+        for fragment in unresolved:
+            mine, alive = held_fragments == fragment, live_offsets[live_fragments == fragment]
+            marks = np.zeros(int(max(held_offsets[mine].max(initial=-1), alive.max(initial=-1))) + 1, dtype=bool)
+            marks[alive] = True
+            removed.append(held[mine][~marks[held_offsets[mine]]])  # a mask by offset: linear
+    return np.concatenate(removed) if removed else np.empty(0, np.int64)
+
+
+def _held_in(addresses: Patched, fragments: set[int]) -> np.ndarray:
+    """The slots whose rows are held in ``fragments``: a pass over every slot's address (when a
+    fragment went or was rewritten, or lost rows a merge does not explain)."""
+    if not fragments:
+        return np.empty(0, np.int64)
+    every = addresses.dense()
+    return np.flatnonzero((every >= 0) & np.isin(split_addresses(np.maximum(every, 0))[0], sorted(fragments))).astype(np.int64)
 
 
 def _content_of(chunks: ChunkReads, version: int, fragments: list[int], chunk_ids: list[str]) -> pa.Table | None:

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from ..governance.compiler import SubjectView
 from ..governance.tags import Classification
+from .patched import Patched
 
 LIST_COLUMNS = ("acl_allow", "acl_deny", "acl_clauses", "labels")
 SET_COLUMNS = ("tenant", *LIST_COLUMNS, "classification")
@@ -43,6 +44,7 @@ CITE_COLUMNS = ("source_uri", "metadata")
 """What a hit cites besides its content, coded per row (a re-ingest can change them under one id)."""
 TAG_READ_COLUMNS = ["chunk_id", *SET_COLUMNS, *CITE_COLUMNS]
 NO_SET = -1
+NO_ADDRESS = -1
 
 
 class Vocabulary:
@@ -246,10 +248,10 @@ class ResidentTags:
 
     version: int
     catalog: SetCatalog = field(repr=False)
-    row_sets: np.ndarray  # (rows,) int32 set code per row slot
-    citations: np.ndarray  # (rows, 2) int32 codes of each slot's source uri and metadata
+    row_sets: Patched  # (rows,) int32 set code per row slot
+    citations: Patched  # (rows, 2) int32 codes of each slot's source uri and metadata
     fragments: Mapping[int, tuple[str, str, int]]  # fragment id -> (its data files, its deletion mark, rows marked)
-    addresses: Mapping[int, tuple[np.ndarray, np.ndarray]]  # fragment -> (offsets sorted, row slots)
+    addresses: Patched  # (rows,) int64 each slot's row address in the table (fragment, offset), NO_ADDRESS for none
 
     @property
     def rows(self) -> int:
@@ -257,24 +259,24 @@ class ResidentTags:
 
     @property
     def live(self) -> int:
-        return int(np.count_nonzero(self.row_sets != NO_SET))
+        return int(np.count_nonzero(self.row_sets.dense() != NO_SET))
 
     def visible(self, view: SubjectView, satisfied: Iterable[str]) -> Readable:
         """The row slots ``view`` may read at this version, and the tag sets they are in."""
         sets = self.catalog.sets()
         verdicts = np.append(sets.visible(view, satisfied, self.catalog.vocabulary), False)  # NO_SET -> last
-        return Readable(mask=verdicts[self.row_sets], sets=np.flatnonzero(verdicts[:-1]))
+        return Readable(mask=self.row_sets.mapped(verdicts), sets=np.flatnonzero(verdicts[:-1]))
 
     def current(self, slots: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """The tags (and uri, metadata) of ``slots`` at this version, as hits carry them."""
         rows, at = self.catalog.sets().rows, np.asarray(slots, dtype=np.int64)
         cite = self.catalog.citation
         return [{**rows[int(code)], "source_uri": cite(int(uri)), "metadata": cite(int(meta))}
-                for code, (uri, meta) in zip(self.row_sets[at], self.citations[at], strict=True)]  # fmt: skip
+                for code, (uri, meta) in zip(self.row_sets.take(at), self.citations.take(at), strict=True)]  # fmt: skip
 
     @property
     def nbytes(self) -> int:
-        held = self.row_sets.nbytes + self.citations.nbytes + sum(o.nbytes + r.nbytes for o, r in self.addresses.values())
+        held = self.row_sets.nbytes + self.citations.nbytes + self.addresses.nbytes
         sets = self.catalog.sets()
         lists = sum(x.starts.nbytes + x.values.nbytes + x.owner.nbytes for x in sets.lists.values())
         texts = sum(len(v) + 60 for v in self.catalog.vocabulary.citations.values if isinstance(v, str))
@@ -304,16 +306,3 @@ def split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row addresses as (fragment id, offset in it)."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     return (addresses >> np.uint64(32)).astype(np.int64), (addresses & np.uint64(0xFFFFFFFF)).astype(np.int64)
-
-
-def by_fragment(addresses: np.ndarray, slots: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Row slots grouped by fragment: each fragment's offsets, sorted, and the slot of each."""
-    fragments, offsets = split_addresses(addresses)
-    order = np.lexsort((offsets, fragments))
-    fragments, offsets, slots = fragments[order], offsets[order], np.asarray(slots, dtype=np.int64)[order]
-    cuts = np.flatnonzero(np.diff(fragments)) + 1
-    groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for f, o, s in zip(np.split(fragments, cuts), np.split(offsets, cuts), np.split(slots, cuts), strict=True):
-        if len(f):
-            groups[int(f[0])] = (o, s)
-    return groups

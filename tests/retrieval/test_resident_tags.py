@@ -20,6 +20,7 @@ from support.bm25 import bm25_ranking
 from ragwarden.bench.world import TENANT, World, append_rows
 from ragwarden.governance.caller import Caller
 from ragwarden.governance.compiler import SubjectView, compile_filter
+from ragwarden.retrieval import patched
 from ragwarden.retrieval.lexical import query_terms
 from ragwarden.retrieval.resident_state import ResidentState, advanced
 from ragwarden.retrieval.resident_tags import TAG_READ_COLUMNS
@@ -61,7 +62,7 @@ def _filtered(warehouse: Warehouse, view: SubjectView, clauses: dict[str, list[s
 
 
 def _tags_by_id(state: ResidentState) -> dict[str, dict]:
-    live = np.flatnonzero(state.tags.row_sets >= 0)
+    live = np.flatnonzero(state.tags.row_sets.dense() >= 0)
     ids = [state.index.chunk_ids[int(s)].as_py() if s < state.index.rows else state.fresh.column("chunk_id")[int(s) - state.index.rows].as_py()
            for s in live]  # fmt: skip
     return dict(zip(ids, state.tags.current(live), strict=True))
@@ -113,9 +114,14 @@ def _retag(warehouse: Warehouse, ids: list[str], allow: list[str], labels: list[
     warehouse.store.chunks.write(plan, what="re-tagging rows for a test")
 
 
+@pytest.mark.parametrize("fold_min", [patched.FOLD_MIN, 1], ids=["patched", "folded"])
 @pytest.mark.parametrize("commit", ["append", "retag", "retag to a reader", "column update", "delete", "compaction", "retag then delete",
                                     "duplicate appended then retag"])
-def test_a_state_moved_by_a_commits_delta_equals_one_built_afresh(indexed_warehouse: Warehouse, small_world: World, commit: str):
+def test_a_state_moved_by_a_commits_delta_equals_one_built_afresh(
+    indexed_warehouse: Warehouse, small_world: World, commit: str, fold_min: int, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(patched, "FOLD_MIN", fold_min)  # the per-row arrays' changes kept as patches, or folded at once
+    monkeypatch.setattr(patched, "FOLD_SHARE", patched.FOLD_SHARE if fold_min > 1 else 0.0)
     store = indexed_warehouse.store
     searcher = _resident_searcher(indexed_warehouse)
     before = searcher.serving.state(store.chunks.version)
