@@ -133,11 +133,14 @@ def churn() -> str:
     work = run["reader_work"]
     held = sum(work["bytes_per_million_rows"].values()) / 2**20
     moves = ", ".join(f"{kind} {cell['max']:.1f} ms" for kind, cell in work["move_ms"].items())
+    first = ", ".join(f"{kind} {took:.1f} ms" for kind, took in work.get("first_move_ms", {}).items())
     return (
         f"{run['rows']:,} rows, {run['users']:,} users in {run['groups']} groups, one replica over HTTP, "
         f"{run['machine']['cpus']} cores ({_date(run)}): {parts}; {leaks} leaks against the oracle. A replica "
-        f"holds {held:,.0f} MiB per 1M rows (index, tags and terms); a commit of {work['commit_rows']} rows costs "
-        f"each reader at most {moves}.\n"
+        f"holds {held:,.0f} MiB per 1M rows (index with its 8-bit codes, tags and terms); a commit of "
+        f"{work['commit_rows']} rows costs each reader at most {moves}"
+        + (f" (the first of each after a load, which also pays the process's one-time costs: {first})" if first else "")
+        + ".\n"
     )
 
 
