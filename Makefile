@@ -69,9 +69,12 @@ test-quality: install
 BENCH_ARGS ?= --sizes 100000,1000000,scifact --queries 20
 # Shared use while the table changes: 1,000 callers, a writer committing every second (bench/churn.py).
 CHURN_ROWS ?= 100000 1000000
+# Records that bring their own vectors, through ingest_records against a bare LanceDB add (bench/brought.py).
+BROUGHT_ROWS ?= 100000
 bench: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench $(BENCH_ARGS)
 	for rows in $(CHURN_ROWS); do $(BIN)/python -m ragwarden.bench.churn --rows $$rows || exit 1; done
+	for rows in $(BROUGHT_ROWS); do $(BIN)/python -m ragwarden.bench.brought --rows $$rows || exit 1; done
 
 # The soak: the load test of the suite (8 clients, one ingesting, every answer checked against the
 # oracle) for SOAK_SECONDS instead of a minute, figures in bench/results/soak.json; then the

@@ -42,7 +42,7 @@ from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.trends import Trends, trends
 from .governance.trends import since as trend_start
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport, read_sync_file
-from .ingest.pipeline import IngestReport, count_inputs, iter_sources, run_ingest
+from .ingest.pipeline import IngestReport, count_inputs, held_apart, iter_sources, run_ingest
 from .ingest.records import confined_outcomes
 from .ingest.writer import Overrides
 from .lineage_emitter import FlushReport, LineageEmitter
@@ -523,7 +523,8 @@ class Warehouse:
             return self._run(outcomes, progress, sources, engine, total=lambda: len(records),
                              overrides=Overrides(allow_move=allow_move, restore_erased=restore_erased))  # fmt: skip
 
-        return self._gate.run(Operation.INGEST, who, Need.GRANT, run, _ingested, touched=_written)
+        with held_apart():  # the records given (and all the process held) are not traversed by every collection
+            return self._gate.run(Operation.INGEST, who, Need.GRANT, run, _ingested, touched=_written)
 
     def _run(
         self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local",
@@ -545,6 +546,7 @@ class Warehouse:
                 total=total,
                 overrides=overrides,
                 maintain=self.settings.ingest_maintenance,
+                brought_batch=self.settings.write_batch_brought,
             )
 
         def output(report: IngestReport) -> ChunksOutput:

@@ -144,6 +144,18 @@ def churn() -> str:
     )
 
 
+def brought() -> str:
+    """The README's figure for records that bring their vectors (``bench/brought.py``)."""
+    run = _record("brought-100000.json")
+    search = run["search"]
+    return (
+        f"{run['rows']:,} records on {run['machine']['cpus']} cores ({_date(run)}): {run['rows_per_second']:,} rows/s "
+        f"end to end ({run['seconds']} s, one commit per {run['commits_of']:,}), where a bare LanceDB add of the same "
+        f"rows ran at {run['bare_rows_per_second']:,} rows/s; recall@10 {search['recall_at_10']:.3f} for "
+        f"{search['callers']} callers against the oracle, {search['leaks']} leaks.\n"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Block:
     """One generated block: the document that holds it and what renders it."""
@@ -155,6 +167,7 @@ class Block:
 BLOCKS: dict[str, Block] = {
     "performance": Block(document="README.md", render=performance),
     "churn": Block(document="README.md", render=churn),
+    "brought": Block(document="README.md", render=brought),
     "suite": Block(document="README.md", render=suite),
     "cli-start": Block(document="README.md", render=cli_start),
     "capacity": Block(document="docs/deployment.md", render=capacity),

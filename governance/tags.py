@@ -12,6 +12,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import cached_property
 from typing import Any
 
 from ..errors import InvalidValueError
@@ -239,17 +240,26 @@ class GovernanceTags:
         return sorted(self.clauses_by_token)
 
     def row_columns(self) -> dict[str, object]:
-        """The tags as the warehouse tables store them, column by column."""
+        """The tags as the warehouse tables store them, column by column (new lists each call)."""
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in self._columns.items()}
+
+    @cached_property
+    def _columns(self) -> dict[str, object]:
+        """``row_columns``, worked out once per tags (rows of one tag set share them)."""
         return {
             "tenant": self.tenant,
-            "acl_allow": self.acl_allow,
-            "acl_deny": sorted(self.acl_deny),
-            "acl_clauses": self.clause_tokens,
-            "labels": sorted(self.labels),
+            "acl_allow": tuple(self.acl_allow),
+            "acl_deny": tuple(sorted(self.acl_deny)),
+            "acl_clauses": tuple(self.clause_tokens),
+            "labels": tuple(sorted(self.labels)),
             "classification": int(self.classification),
         }
 
     def fingerprint(self) -> str:
         """A hash that changes whenever any tag changes (used to notice re-tagging)."""
+        return self._fingerprint
+
+    @cached_property
+    def _fingerprint(self) -> str:
         canonical = json.dumps(self.row_columns(), sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]

@@ -10,12 +10,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import math
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import numpy as np
 
 from ..errors import InvalidSourceError, InvalidValueError
 from ..governance.tags import (
@@ -45,10 +47,10 @@ class SourceRecord:
     uri: str
     origin: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    vector: tuple[float, ...] | None = None  # brought in: the record is one chunk, not embedded here
+    vector: np.ndarray | None = field(default=None, compare=False)  # brought in (float32, read-only): one chunk, not embedded here
     model: str | None = None  # the model that made ``vector``
 
-    @property
+    @cached_property
     def version(self) -> str:
         """Content hash of the text: a new version whenever the text changes."""
         return document_version(self.text)
@@ -58,7 +60,7 @@ class SourceRecord:
         """(tenant, doc id): the id names the document within its tenant only."""
         return (self.tags.tenant, self.doc_id)
 
-    @property
+    @cached_property
     def metadata_json(self) -> str:
         """The metadata as stored on the source and on each of its chunks."""
         return metadata_json(self.metadata)
@@ -111,9 +113,39 @@ class Acl:
     deny: tuple[str, ...] = ()
 
 
+TAG_SETS_KEPT = 4_096
+"""Distinct tag sets whose parsed tags are kept: a bulk load's rows share a few sets, and each set
+is checked once, not once per row."""
+_parsed: dict[Hashable, GovernanceTags] = {}
+
+
 def parse_tags(*, tenant: object, acl: object, labels: object, classification: object) -> GovernanceTags:
     """A source's governance from its JSON fields (or an ``Acl`` a reader typed); ValueError says
-    everything that is wrong, at once (fail closed: nothing is defaulted)."""
+    everything that is wrong, at once (fail closed: nothing is defaulted). Tags parsed once are
+    kept by their fields' value (``TAG_SETS_KEPT``); a refusal is never kept."""
+    key = _frozen((tenant, acl, labels, classification))
+    tags = _parsed.get(key)
+    if tags is None:
+        tags = _parse_tags(tenant=tenant, acl=acl, labels=labels, classification=classification)
+        if len(_parsed) >= TAG_SETS_KEPT:
+            _parsed.clear()
+        _parsed[key] = tags
+    return tags
+
+
+def _frozen(value: object) -> Hashable:
+    """``value`` (JSON-shaped, or an ``Acl``) as a hashable key that keeps types apart (1, 1.0
+    and True are three keys)."""
+    if isinstance(value, Mapping):
+        return ("{}", tuple(sorted(((str(k), type(k).__name__), _frozen(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return ("[]", tuple(_frozen(v) for v in value))
+    if isinstance(value, (str, int, float, type(None), Acl)):
+        return (type(value).__name__, value)
+    return ("?", id(value))  # anything else: parsed again each time (and refused there)
+
+
+def _parse_tags(*, tenant: object, acl: object, labels: object, classification: object) -> GovernanceTags:
     problems: list[str] = []
     allow: list[str] = []
     deny: list[str] = []
@@ -221,9 +253,11 @@ def _check_metadata(metadata: object) -> None:
         raise InvalidValueError(f"metadata is {len(stored.encode('utf-8'))} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
 
 
-def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:
-    """A record's own vector, checked for what any model's vector must be (its dimension and
-    model are checked against the warehouse's when it is written); ValueError naming the fault."""
+def _brought_vector(vector: object, model: object) -> np.ndarray | None:
+    """A record's own vector as the warehouse keeps it (float32, read-only), checked for what any
+    model's vector must be (its dimension and model are checked against the warehouse's when it is
+    written); ValueError naming the fault. The numbers are checked at once (numpy), not one by one:
+    a bulk load brings millions."""
     if vector is None:
         if model is not None:
             raise InvalidValueError("model names the model that made a vector; give the record's vector too")
@@ -232,18 +266,27 @@ def _brought_vector(vector: object, model: object) -> tuple[float, ...] | None:
         raise InvalidValueError(f"a vector needs model: the name of the model that made it (1 to {MAX_MODEL_CHARS} characters)")
     if isinstance(vector, (str, bytes, Mapping)) or not hasattr(vector, "__len__") or not len(vector):  # type: ignore[arg-type]
         raise InvalidValueError("vector must be a non-empty list of numbers")
-    numbers = list(vector)  # type: ignore[call-overload]
-    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+    if isinstance(vector, np.ndarray):
+        numbers = vector
+    elif not {type(n) for n in vector} <= {float, int}:  # type: ignore[attr-defined]  # a bool is an int to numpy
         raise InvalidValueError("vector must hold numbers only")
-    try:
-        floats = tuple(float(n) for n in numbers)
-    except OverflowError:
-        raise InvalidValueError("vector holds a number too large for a float; pass finite numbers") from None
-    if not all(math.isfinite(n) for n in floats):
+    else:
+        try:
+            numbers = np.asarray(vector, dtype=np.float64)
+        except OverflowError:
+            raise InvalidValueError("vector holds a number too large for a float; pass finite numbers") from None
+    if numbers.ndim != 1 or numbers.dtype.kind not in "fiu":
+        raise InvalidValueError("vector must hold numbers only")
+    if not np.isfinite(numbers).all():
         raise InvalidValueError("vector holds NaN or infinity; pass finite numbers")
-    if not any(floats):
+    with np.errstate(over="ignore"):
+        kept = numbers.astype(np.float32)
+    if not np.isfinite(kept).all():
+        raise InvalidValueError("vector holds a number too large for float32, as vectors are kept; pass smaller numbers")
+    if not kept.any():
         raise InvalidValueError("vector is all zeros: it has no direction to rank by")
-    return floats
+    kept.flags.writeable = False
+    return kept
 
 
 def open_jsonl(path: Path) -> BinaryIO:

@@ -40,7 +40,7 @@ def whole_document(record: SourceRecord) -> list[tuple[Chunk, str]]:
     return [(chunk, chunk_id(record.tags.tenant, record.doc_id, record.version, 0, record.text))]
 
 
-def _same_vector(stored: list[float] | None, brought: tuple[float, ...]) -> bool:
+def _same_vector(stored: list[float] | None, brought: np.ndarray) -> bool:
     """Whether the vector kept for a record's chunk is the one it brings (as float32 keeps it)."""
     return stored is not None and np.array_equal(np.asarray(stored, dtype=np.float32), np.asarray(brought, dtype=np.float32))
 
@@ -139,14 +139,14 @@ class DocumentWriter:
         plan = self.decide(records)
         if not plan.changed:
             return plan
-        window, tokenizer = self.embedder.max_tokens, self.embedder.tokenizer
         plan.chunked = [
             (r, whole_document(r) if r.vector is not None else chunk_document(
-                r.text, tenant=r.tags.tenant, doc_id=r.doc_id, tokenizer=tokenizer, window=window, overlap=self.overlap))
+                r.text, tenant=r.tags.tenant, doc_id=r.doc_id, tokenizer=self.embedder.tokenizer,
+                window=self.embedder.max_tokens, overlap=self.overlap))
             for r in plan.changed
-        ]  # fmt: skip
+        ]  # fmt: skip (the tokenizer is loaded only for a record to chunk: an import brings its chunks)
         plan.vectors = self.doors.chunks.vectors_of(cid for r, chunks in plan.chunked if r.vector is None for _, cid in chunks)
-        plan.vectors |= {chunks[0][1]: list(r.vector) for r, chunks in plan.chunked if r.vector is not None}
+        plan.vectors |= {chunks[0][1]: r.vector for r, chunks in plan.chunked if r.vector is not None}
         plan.to_embed = {
             cid: chunk.text for _, chunks in plan.chunked for chunk, cid in chunks if cid not in plan.vectors
         }

@@ -107,3 +107,18 @@ def test_with_ingest_maintenance_off_an_ingest_only_commits_its_rows(fresh_wareh
         assert writer.ingest_records([make_record(id=f"doc-{n}", text=f"note number {n} about pumps")]).ok
         assert writer.store.chunks.latest_version() == version + 1, "one commit: the rows, no fold or merge"
     assert writer.store.chunks.count() == 12
+
+
+def test_objects_alive_at_an_ingest_are_left_out_of_collections_until_it_ends_however_ingests_overlap():
+    import gc
+
+    from ragwarden.ingest.pipeline import held_apart
+
+    assert gc.get_freeze_count() == 0
+    alive = [[float(i)] for i in range(1_000)]
+    with held_apart():
+        assert gc.get_freeze_count() >= len(alive)
+        with held_apart():  # a second ingest beside it leaves the first's freeze alone
+            pass
+        assert gc.get_freeze_count() >= len(alive), "the inner block's end unfroze nothing"
+    assert gc.get_freeze_count() == 0

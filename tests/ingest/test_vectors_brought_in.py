@@ -62,6 +62,9 @@ def test_records_bring_their_vectors_and_nothing_is_embedded(
         ({"vector": [float("nan")] * 384}, "NaN or infinity"),
         ({"vector": [0.0] * 384}, "all zeros"),
         ({"vector": ["0.1"] * 384}, "numbers only"),
+        ({"vector": [True] + [0.5] * 383}, "numbers only"),
+        ({"vector": [1e39] + [0.5] * 383}, "too large for float32"),
+        ({"vector": [[0.5] * 384]}, "numbers only"),
     ],
 )
 def test_a_vector_the_warehouse_cannot_rank_with_its_own_is_refused_naming_both(
@@ -106,3 +109,35 @@ def test_a_record_bringing_a_new_vector_for_the_same_text_is_written_again(
     assert (report.documents, report.unchanged) == (1, 1)
     stored = {row["doc_id"]: row["vector"] for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
     assert np.allclose(stored["orbit"], moved, atol=1e-7)
+
+
+def test_records_bringing_their_vectors_are_committed_a_batch_at_a_time(tmp_path: Path, embedder: Embedder, make_record: Any):
+    """A collection imported has nothing to embed: its records are committed in batches of
+    ``write_batch_brought`` (one commit each), beside records to embed, which keep theirs."""
+    warehouse = Warehouse(Settings(warehouse=str(tmp_path / "w"), write_batch_brought=50, ingest_maintenance=False), embedder=embedder)
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((120, 384))
+    brought = [make_record(id=f"v{i:03d}", text=f"imported row {i}", vector=vectors[i].tolist(), model=MODEL_NAME) for i in range(120)]
+    before = warehouse.store.chunks.version
+    report = warehouse.ingest_records([*brought, make_record(id="embedded", text="a record the warehouse embeds")])
+    assert report.ok and report.documents == 121
+    assert warehouse.store.chunks.version - before == 3 + 1, "120 brought in 3 commits of at most 50, the other in its own"
+    stored = {row["doc_id"]: row["vector"] for row in raw_table(warehouse.store).to_arrow().to_pylist()}
+    assert np.allclose(stored["v007"], vectors[7].astype(np.float32), atol=0) and len(stored) == 121
+
+
+def test_one_tag_set_is_parsed_once_however_many_records_carry_it(
+    demo_policy_warehouse: Warehouse, make_record: Any, embedded_elsewhere: dict[str, list[float]], monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    from ragwarden.ingest import records as parsing
+
+    parsed: list[object] = []
+    real = parsing._parse_tags
+    monkeypatch.setattr(parsing, "_parsed", {})
+    monkeypatch.setattr(parsing, "_parse_tags", lambda **fields: parsed.append(fields) or real(**fields))
+    vector = embedded_elsewhere["orbit"]
+    same = [make_record(id=f"s{i}", text=f"row {i}", vector=vector, model=MODEL_NAME, acl={"allow": ["group:eng"]}) for i in range(40)]
+    wrong = [make_record(id=f"w{i}", text="row", vector=vector, model=MODEL_NAME, acl={"allow": []}) for i in range(3)]
+    report = demo_policy_warehouse.ingest_records([*same, *wrong])
+    assert report.documents == 40 and len(report.rejected) == 3, "a refusal is said for every record, never kept"
+    assert len(parsed) == 1 + 3
