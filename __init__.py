@@ -29,6 +29,7 @@ from .governance.explain import Explanation
 from .governance.operations import Operation
 from .governance.policy import Decision, Policy
 from .governance.tags import Classification, GovernanceTags
+from .ingest.importers import AclFromMetadata, AclManifest, Collected, ImportReport
 from .ingest.lifecycle import DerivedRow, ForgetReport, SyncReport
 from .ingest.pipeline import IngestReport
 from .ingest.records import Rejected, Skipped
@@ -40,12 +41,15 @@ from .warehouse import Warehouse, open
 
 __all__ = [
     "AccessReview",
+    "AclFromMetadata",
+    "AclManifest",
     "ArchiveReport",
     "AuthenticationError",
     "Backup",
     "Caller",
     "ChainReport",
     "Classification",
+    "Collected",
     "ConfigurationError",
     "ContextManifest",
     "DeadlineExceededError",
@@ -56,6 +60,7 @@ __all__ = [
     "GovernanceTags",
     "Hit",
     "Identity",
+    "ImportReport",
     "IndexReport",
     "IngestReport",
     "InvalidPolicyError",

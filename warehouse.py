@@ -41,6 +41,7 @@ from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.trends import Trends, trends
 from .governance.trends import since as trend_start
+from .ingest.importers import AclFromMetadata, AclManifest, Collected, ImportReport, run_import
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport, read_sync_file
 from .ingest.pipeline import IngestReport, count_inputs, held_apart, iter_sources, run_ingest
 from .ingest.records import confined_outcomes
@@ -525,6 +526,30 @@ class Warehouse:
 
         with held_apart():  # the records given (and all the process held) are not traversed by every collection
             return self._gate.run(Operation.INGEST, who, Need.GRANT, run, _ingested, touched=_written)
+
+    def import_collection(
+        self,
+        rows: Iterable[Collected],
+        *,
+        tags: AclFromMetadata | AclManifest,
+        model: str,
+        origin: str,
+        tenant: str | None = None,
+        classification: str | None = None,
+        total: int | None = None,
+        progress: bool | None = None,
+        chunk_rows: int = 50_000,
+    ) -> ImportReport:
+        """Import a collection another store holds (``ingest.importers``: its rows, each with its
+        vector, made by ``model``), as the operator: each row's governance from ``tags`` (its
+        metadata's keys, or a manifest), ``tenant`` and ``classification`` for rows whose tags name
+        none. Written ``chunk_rows`` at a time through ``ingest_records`` (one commit per
+        ``write_batch_brought``); a row with no ACL is refused and counted. Running it again after a
+        kill writes only what is missing. ``progress`` (by default on a terminal): a bar of rows
+        against ``total``, with the time left."""
+        return run_import(lambda records: self.ingest_records(records, progress=False), rows, tags=tags, model=model,
+                          origin=origin, tenant=tenant, classification=classification, total=total, progress=progress,
+                          chunk_rows=chunk_rows)  # fmt: skip
 
     def _run(
         self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local",

@@ -469,3 +469,7 @@ from .cli_backup import backup, restore  # noqa: E402 - they register on main, d
 
 for _command in (backup, restore):
     main.add_command(_command)
+
+from .cli_import import import_  # noqa: E402 - it registers on main, defined above
+
+main.add_command(import_)

@@ -151,7 +151,8 @@ def brought() -> str:
     return (
         f"{run['rows']:,} records on {run['machine']['cpus']} cores ({_date(run)}): {run['rows_per_second']:,} rows/s "
         f"end to end ({run['seconds']} s, one commit per {run['commits_of']:,}), where a bare LanceDB add of the same "
-        f"rows ran at {run['bare_rows_per_second']:,} rows/s; recall@10 {search['recall_at_10']:.3f} for "
+        f"rows ran at {run['bare_rows_per_second']:,} rows/s; `ragwarden import lancedb` of that table, "
+        f"{run['import_lancedb_rows_per_second']:,} rows/s; recall@10 {search['recall_at_10']:.3f} for "
         f"{search['callers']} callers against the oracle, {search['leaks']} leaks.\n"
     )
 

@@ -19,6 +19,7 @@ from .commit_retry import is_missing_file, retrying_conflicts
 from .directory import DirectoryRow, DirectorySnapshot, DirectoryTable
 from .erasures import Erasure, Erasures
 from .files import LINEAGE_EVENTS, RESIDENT_INDEX, WarehouseFiles
+from .foreign import ForeignTable, add_bare, open_foreign
 from .indexing import VECTOR_INDEX_MIN_ROWS, IndexReport, vector_index_partitions
 from .lineage_spool import FolderSpool, LineageSpool, TableSpool, sortable_now
 from .maintenance import Maintenance
@@ -32,6 +33,8 @@ from .tables import operation_named
 from .text_analysis import ANALYZER, terms_of_words
 
 __all__ = [
+    "add_bare",
+    "open_foreign",
     "ANALYZER",
     "IN_LIST_MAX_IDS",
     "LINEAGE_EVENTS",
@@ -55,6 +58,7 @@ __all__ = [
     "Erasure",
     "Erasures",
     "FolderSpool",
+    "ForeignTable",
     "IndexReport",
     "InstalledPolicy",
     "LineageSpool",

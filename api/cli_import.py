@@ -1,0 +1,79 @@
+"""``ragwarden import``: a collection another store holds, brought in with its vectors and given
+the ACLs it never had."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..config import Settings
+from ..errors import InvalidValueError
+from ..ingest.importers import AclFromMetadata, AclManifest, ImportReport, lancedb_model, lancedb_rows
+from ..warehouse import Warehouse
+from .cli_options import common_options
+
+TAGS_HELP = ("Which metadata key holds each tag, e.g. 'allow=owner_groups,labels=tags,classification=level' "
+             "(tags: allow, deny, labels, classification, tenant; a text value is split at commas).")  # fmt: skip
+
+
+@click.group(name="import")
+def import_() -> None:
+    """Bring a collection in from another store, its vectors as they are (never embedded again).
+
+    Each row's ACL comes from its metadata (--acl-from-metadata) or a manifest (--manifest); a row
+    with no ACL is refused and counted, never imported open. Run it again after a kill: rows
+    already written are found unchanged and skipped."""
+
+
+@import_.command(name="lancedb")
+@click.argument("uri")
+@click.option("--table", required=True, help="The table to import.")
+@click.option("--acl-from-metadata", "acl_spec", help=TAGS_HELP)
+@click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSONL lines {\"id\": ...} or {\"source\": ...} with allow, deny, labels, classification, tenant.")  # fmt: skip
+@click.option("--tenant", help="Tenant for rows whose tags name none.")
+@click.option("--classification", help="Classification for rows whose tags give none (else they are refused).")
+@click.option("--model", help="The model that made the vectors, when the table does not record it.")
+@click.option("--id-column", default="id", show_default=True)
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--vector-column", default="vector", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@common_options
+def lancedb(uri: str, table: str, acl_spec: str | None, manifest: Path | None, tenant: str | None, classification: str | None,
+            model: str | None, id_column: str, text_column: str, vector_column: str, as_json: bool, settings: Settings) -> None:  # fmt: skip
+    """Import TABLE of the LanceDB database at URI: ids, texts, vectors; every other column is the row's metadata."""
+    tags = _tags(acl_spec, manifest)
+    made_by = model or lancedb_model(uri, table)
+    if made_by is None:
+        raise click.UsageError(f"table {table!r} does not record the model that made its vectors: name it with --model")
+    total, rows = lancedb_rows(uri, table, id_column=id_column, text_column=text_column, vector_column=vector_column)
+    report = Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=f"lancedb:{uri}/{table}",
+                                                   tenant=tenant, classification=classification, total=total)  # fmt: skip
+    _said(report, as_json)
+
+
+def _tags(acl_spec: str | None, manifest: Path | None) -> AclFromMetadata | AclManifest:
+    if (acl_spec is None) == (manifest is None):
+        raise click.UsageError("say where the rows' ACLs come from: --acl-from-metadata or --manifest (one of them)")
+    try:
+        return AclFromMetadata.parse(acl_spec) if acl_spec is not None else AclManifest.read(manifest)  # type: ignore[arg-type]
+    except InvalidValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _said(report: ImportReport, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"documents": report.documents, "unchanged": report.unchanged, "without_acl": report.without_acl,
+                               "rejected": [{"source": s, "reason": r} for s, r in report.rejected],
+                               "seconds": round(report.seconds, 3)}, indent=2))  # fmt: skip
+    else:
+        for source, reason in report.rejected[:20]:
+            click.echo(f"refused {source}: {reason}", err=True)
+        if len(report.rejected) > 20:
+            click.echo(f"... and {len(report.rejected) - 20} more refused", err=True)
+        click.echo(report.summary())
+    if report.rejected:
+        sys.exit(1)

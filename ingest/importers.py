@@ -1,0 +1,245 @@
+"""Collections another store holds, read as records that bring their vectors (``ragwarden import``).
+
+A team's prototype already has its rows embedded: ids, texts, vectors and metadata. They come in
+as they are, never embedded again, with the model that made them checked against the
+warehouse's. What they never had is an ACL: each row's governance comes from its own metadata
+(``AclFromMetadata``: which metadata key holds the allow list, the labels, the level...) or from a
+manifest by id or by source (``AclManifest``). A row with no ACL is refused and counted, never
+imported open. An import is resumable: a row already written with the same text, tags and vector
+is found unchanged and skipped, so running it again after a kill writes only what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from ..errors import InvalidValueError
+from ..state import open_foreign
+
+T = TypeVar("T")
+
+TAG_FIELDS = ("allow", "deny", "labels", "classification", "tenant")
+"""What a row's governance is made of, each read from a metadata key or given by a manifest."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collected:
+    """One row of a collection, as its store keeps it."""
+
+    id: str
+    text: str | None
+    vector: np.ndarray
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AclFromMetadata:
+    """Which metadata key holds each tag: ``allow=owner_groups,labels=tags,classification=level``.
+    A list value is taken as it is; a text value is split at commas (Chroma keeps scalars)."""
+
+    keys: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, spec: str) -> AclFromMetadata:
+        keys: dict[str, str] = {}
+        for part in (p.strip() for p in spec.split(",") if p.strip()):
+            tag, _, key = part.partition("=")
+            if tag not in TAG_FIELDS or not key.strip():
+                raise InvalidValueError(f"--acl-from-metadata part {part!r} must be TAG=KEY with TAG one of {', '.join(TAG_FIELDS)}")
+            if tag in keys:
+                raise InvalidValueError(f"--acl-from-metadata names {tag!r} twice")
+            keys[tag] = key.strip()
+        if "allow" not in keys:
+            raise InvalidValueError("--acl-from-metadata must say which metadata key holds the allow list (allow=KEY)")
+        return cls(keys=keys)
+
+    def tags_of(self, row: Collected) -> dict[str, Any]:
+        """The tag fields ``row``'s metadata gives (a missing key gives none: the row is then refused)."""
+        found: dict[str, Any] = {}
+        for tag, key in self.keys.items():
+            value = row.metadata.get(key)
+            if value is None:
+                continue
+            if tag in ("allow", "deny", "labels"):
+                found[tag] = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+            else:
+                found[tag] = value
+        return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class AclManifest:
+    """Tags given by row id or by source (the metadata's ``source``): a JSONL file of
+    ``{"id": ...}`` or ``{"source": ...}`` lines, each with any of ``allow``, ``deny``,
+    ``labels``, ``classification``, ``tenant``. A row's id line wins over its source's."""
+
+    by_id: Mapping[str, Mapping[str, Any]]
+    by_source: Mapping[str, Mapping[str, Any]]
+
+    @classmethod
+    def read(cls, path: Path) -> AclManifest:
+        by_id: dict[str, Mapping[str, Any]] = {}
+        by_source: dict[str, Mapping[str, Any]] = {}
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidValueError(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+            unknown = set(entry) - {"id", "source", *TAG_FIELDS} if isinstance(entry, dict) else {"?"}
+            if unknown or ("id" in entry) == ("source" in entry):
+                raise InvalidValueError(f"{path} line {number}: an object with id or source (one of them) and any of "
+                                        f"{', '.join(TAG_FIELDS)}; found {sorted(entry) if isinstance(entry, dict) else entry!r}")  # fmt: skip
+            tags = {k: v for k, v in entry.items() if k in TAG_FIELDS}
+            (by_id if "id" in entry else by_source)[str(entry.get("id", entry.get("source")))] = tags
+        return cls(by_id=by_id, by_source=by_source)
+
+    def tags_of(self, row: Collected) -> dict[str, Any]:
+        source = row.metadata.get("source")
+        return dict(self.by_id.get(row.id) or (self.by_source.get(str(source), {}) if source is not None else {}))
+
+
+def as_record(row: Collected, tags: Mapping[str, Any], *, tenant: str | None, classification: str | None, model: str,
+              origin: str) -> dict[str, Any]:  # fmt: skip
+    """``row`` as an ``ingest_records`` record bringing its vector (its metadata kept). Nothing about
+    access is made up: a row with no ``allow`` gets no ``acl`` and one with no classification (from
+    its tags, else ``classification`` given for all) none, so ingest refuses it, naming why."""
+    record: dict[str, Any] = {"id": row.id, "text": row.text, "tenant": tags.get("tenant", tenant), "vector": row.vector,
+                              "model": model, "uri": f"{origin}#{row.id}"}  # fmt: skip
+    if tags.get("classification", classification) is not None:
+        record["classification"] = tags.get("classification", classification)
+    if "allow" in tags:
+        record["acl"] = {"allow": tags["allow"], **({"deny": tags["deny"]} if "deny" in tags else {})}
+    if "labels" in tags:
+        record["labels"] = tags["labels"]
+    metadata = {k: v for k, v in row.metadata.items() if isinstance(k, str)}
+    if metadata:
+        record["metadata"] = metadata
+    return record
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportReport:
+    """What an import did: rows written, found unchanged (written before: a resumed import), and
+    refused (each with its reason; ``without_acl`` of them for want of an ACL)."""
+
+    documents: int
+    unchanged: int
+    rejected: tuple[tuple[str, str], ...]  # (source, reason)
+    without_acl: int
+    seconds: float
+
+    def summary(self) -> str:
+        rate = (self.documents + self.unchanged) / self.seconds if self.seconds else 0.0
+        return (f"imported {self.documents} rows ({self.unchanged} unchanged, {len(self.rejected)} refused, "
+                f"{self.without_acl} of them with no ACL) in {self.seconds:.1f} s ({rate:,.0f} rows/s)")  # fmt: skip
+
+
+def run_import(
+    ingest: Callable[[list[dict[str, Any]]], Any],
+    rows: Iterable[Collected],
+    *,
+    tags: AclFromMetadata | AclManifest,
+    model: str,
+    origin: str,
+    tenant: str | None,
+    classification: str | None,
+    total: int | None,
+    progress: bool | None,
+    chunk_rows: int,
+) -> ImportReport:
+    """``rows`` through ``ingest`` (``Warehouse.ingest_records``) ``chunk_rows`` at a time, as
+    ``Warehouse.import_collection`` says."""
+    started = time.perf_counter()
+    documents = unchanged = without_acl = 0
+    rejected: list[tuple[str, str]] = []
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=total, unit="row", disable=not show, desc="import") as bar:
+        for chunk in batched(rows, chunk_rows):
+            records = [as_record(row, tags.tags_of(row), tenant=tenant, classification=classification, model=model,
+                                 origin=origin) for row in chunk]  # fmt: skip
+            report = ingest(records)
+            documents, unchanged = documents + report.documents, unchanged + report.unchanged
+            rejected += [(r.source, r.reason) for r in report.rejected]
+            without_acl += sum("no ACL;" in r.reason for r in report.rejected)
+            bar.update(len(chunk))
+    return ImportReport(documents=documents, unchanged=unchanged, rejected=tuple(rejected), without_acl=without_acl,
+                        seconds=time.perf_counter() - started)  # fmt: skip
+
+
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of ``size`` (the last shorter)."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# -- LanceDB ---------------------------------------------------------------------------------
+
+
+def lancedb_rows(uri: str, table: str, *, id_column: str = "id", text_column: str = "text", vector_column: str = "vector",
+                 batch_rows: int = 10_000) -> tuple[int, Iterator[Collected]]:  # fmt: skip
+    """The rows of LanceDB table ``table`` at ``uri`` (their count, and the rows a batch at a
+    time); every other column is the row's metadata."""
+    found = open_foreign(uri, table)
+    missing = [c for c in (id_column, vector_column) if c not in found.columns]
+    if missing:
+        raise InvalidValueError(f"table {table!r} at {uri} has no column {', '.join(map(repr, missing))}; "
+                                f"it has {', '.join(found.columns)} (name them with --id-column, --vector-column)")  # fmt: skip
+
+    def rows() -> Iterator[Collected]:
+        for batch in found.batches(batch_rows):
+            vectors = _vectors(batch.column(vector_column), f"column {vector_column!r}")
+            ids = batch.column(id_column).cast(pa.string()).to_pylist()
+            texts = batch.column(text_column).to_pylist() if text_column in batch.schema.names else [None] * len(ids)
+            rest = batch.drop_columns([c for c in (id_column, text_column, vector_column) if c in batch.schema.names]).to_pylist()
+            for number, (row_id, text, metadata) in enumerate(zip(ids, texts, rest, strict=True)):
+                yield Collected(id=row_id, text=text, vector=vectors[number], metadata=metadata)
+
+    return found.rows, rows()
+
+
+def lancedb_model(uri: str, table: str) -> str | None:
+    """The embedding model a LanceDB table records (its embedding function's model), if any."""
+    try:
+        functions = json.loads(open_foreign(uri, table).metadata.get(b"embedding_functions", b"[]"))
+    except json.JSONDecodeError:
+        return None
+    for function in functions if isinstance(functions, list) else []:
+        model = (function.get("model") or {}).get("name") if isinstance(function, dict) else None
+        if isinstance(model, str) and model:
+            family = function.get("name")
+            return f"{family}/{model}" if "/" not in model and family == "sentence-transformers" else model
+    return None
+
+
+def _vectors(column: pa.Array | pa.ChunkedArray, what: str) -> np.ndarray:
+    """A vector column as (rows, d) float32 (rows with no vector: NaN, which the record check refuses)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not (pa.types.is_fixed_size_list(array.type) or pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        raise InvalidValueError(f"{what} holds {array.type}, not vectors")
+    lengths = {len(v) for v in array.to_pylist() if v is not None} if not pa.types.is_fixed_size_list(array.type) else {array.type.list_size}
+    if len(lengths) > 1:
+        raise InvalidValueError(f"{what} holds vectors of {sorted(lengths)} numbers; one collection, one dimension")
+    size = lengths.pop() if lengths else 0
+    out = np.full((len(array), size), np.nan, dtype=np.float32)
+    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if valid.any():
+        out[valid] = np.asarray(array.filter(pa.array(valid)).flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, size)
+    return out

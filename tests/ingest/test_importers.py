@@ -1,0 +1,129 @@
+"""A collection another store holds comes in as it is: a real LanceDB table's ids, texts, vectors
+and metadata, each row's ACL from its metadata or a manifest, through the real command line. A
+row with no ACL is refused and counted, never imported open; another model's vectors are refused;
+an import killed halfway and run again writes only what is missing; and the rows imported are
+searched under the policy like any other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+from support.raw_tables import raw_table
+
+from ragwarden.api.cli import main
+from ragwarden.embedder import MODEL_NAME, Embedder
+from ragwarden.errors import InvalidValueError
+from ragwarden.ingest.importers import AclFromMetadata, AclManifest, Collected, lancedb_rows
+from ragwarden.warehouse import Warehouse
+
+ROWS = 40
+
+
+@pytest.fixture
+def prototype(tmp_path: Path, embedder: Embedder) -> tuple[str, np.ndarray]:
+    """A team's LanceDB table: every fourth row readable by finance, the others by hr, rows 30-39
+    with no owner at all (never given an ACL); vectors of the warehouse's own model."""
+    texts = [f"{'finance' if i % 4 == 0 else 'hr'} note number {i}" for i in range(ROWS)]
+    vectors = embedder.encode(texts)
+    owners = [None if i >= 30 else ("group:finance" if i % 4 == 0 else "group:hr,group:hr-managers") for i in range(ROWS)]
+    table = pa.table({"id": [f"p{i:02d}" for i in range(ROWS)], "text": texts, "owner_groups": owners,
+                      "level": ["internal"] * ROWS,
+                      "tags": [["finance"] if i % 4 == 0 else ["hr"] for i in range(ROWS)], "page": list(range(ROWS)),
+                      "vector": pa.array(list(vectors), pa.list_(pa.float32(), vectors.shape[1]))})  # fmt: skip
+    uri = str(tmp_path / "prototype")
+    lancedb.connect(uri).create_table("notes", table)
+    return uri, vectors
+
+
+def _import(warehouse: Warehouse, uri: str, *more: str) -> Any:
+    return CliRunner().invoke(main, ["import", "lancedb", uri, "--table", "notes", "--tenant", "acme",
+                                     "--warehouse", warehouse.uri, *more, "--json"])  # fmt: skip
+
+
+def test_a_lancedb_collection_comes_in_with_its_vectors_and_the_acls_its_metadata_names(
+    demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray], embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+):  # fmt: skip
+    uri, vectors = prototype
+    done = _import(demo_policy_warehouse, uri, "--model", MODEL_NAME,
+                   "--acl-from-metadata", "allow=owner_groups,labels=tags,classification=level")  # fmt: skip
+    report = json.loads(done.stdout)
+    assert done.exit_code == 1, "rows were refused, so the exit says so"
+    assert (report["documents"], report["without_acl"], len(report["rejected"])) == (30, 10, 10)
+    assert all("p3" in r["source"] and "no ACL" in r["reason"] for r in report["rejected"])
+    rows = {row["doc_id"]: row for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
+    assert sorted(rows) == [f"p{i:02d}" for i in range(30)], "no row without an ACL was written"
+    assert np.array_equal(np.asarray(rows["p05"]["vector"], np.float32), vectors[5]), "the vector as it was, not embedded again"
+    assert rows["p05"]["acl_allow"] == ["group:hr", "group:hr-managers"] and rows["p05"]["labels"] == ["hr"]
+    assert json.loads(rows["p05"]["metadata"])["page"] == 5
+    hits = demo_policy_warehouse.search("finance note", subject="user:alice", tenant="acme", k=20)
+    assert hits and {hit.doc_id for hit in hits} <= {f"p{i:02d}" for i in range(0, 30, 4)}, "alice reads finance's rows only"
+
+
+def test_an_import_killed_halfway_and_run_again_writes_only_what_is_missing(
+    demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray]
+):
+    uri, _ = prototype
+    tags = AclFromMetadata.parse("allow=owner_groups,classification=level")
+    total, rows = lancedb_rows(uri, "notes")
+
+    def killed() -> Any:
+        for number, row in enumerate(rows):
+            if number == 25:
+                raise KeyboardInterrupt  # the process dies here; what was committed stays
+            yield row
+
+    with pytest.raises(KeyboardInterrupt):
+        demo_policy_warehouse.import_collection(killed(), tags=tags, model=MODEL_NAME, origin="lancedb:notes", tenant="acme",
+                                                total=total, chunk_rows=10, progress=False)  # fmt: skip
+    first = {row["doc_id"] for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
+    assert len(first) == 20, "the chunks committed before the kill"
+    _, again = lancedb_rows(uri, "notes")
+    report = demo_policy_warehouse.import_collection(again, tags=tags, model=MODEL_NAME, origin="lancedb:notes", tenant="acme",
+                                                     total=total, chunk_rows=10, progress=False)  # fmt: skip
+    assert (report.unchanged, report.documents, report.without_acl) == (20, 10, 10)
+
+
+def test_vectors_another_model_made_are_refused_and_a_model_never_named_is_asked_for(
+    demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray]
+):
+    uri, _ = prototype
+    unnamed = _import(demo_policy_warehouse, uri, "--acl-from-metadata", "allow=owner_groups")
+    assert unnamed.exit_code == 2 and "name it with --model" in unnamed.output
+    other = _import(demo_policy_warehouse, uri, "--model", "openai/text-embedding-3-small", "--classification", "internal",
+                    "--acl-from-metadata", "allow=owner_groups")  # fmt: skip
+    report = json.loads(other.stdout)
+    assert report["documents"] == 0 and all("openai/text-embedding-3-small" in r["reason"] for r in report["rejected"][:30])
+
+
+def test_a_table_that_is_not_there_is_named_with_the_tables_that_are(demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray]):
+    uri, _ = prototype
+    done = CliRunner().invoke(main, ["import", "lancedb", uri, "--table", "nope", "--model", MODEL_NAME, "--warehouse",
+                                     demo_policy_warehouse.uri, "--acl-from-metadata", "allow=owner_groups"])  # fmt: skip
+    assert done.exit_code != 0 and "no table 'nope'" in done.output and "notes" in done.output
+
+
+def test_a_manifest_gives_acls_by_id_and_by_source_and_an_id_line_wins(tmp_path: Path):
+    path = tmp_path / "acl.jsonl"
+    path.write_text('{"source": "wiki", "allow": ["group:staff"], "classification": "internal"}\n'
+                    '{"id": "p01", "allow": ["group:hr"]}\n', encoding="utf-8")  # fmt: skip
+    manifest = AclManifest.read(path)
+    row = Collected(id="p01", text="t", vector=np.ones(3, np.float32), metadata={"source": "wiki"})
+    assert manifest.tags_of(row) == {"allow": ["group:hr"]}
+    assert manifest.tags_of(Collected(id="p02", text="t", vector=np.ones(3, np.float32), metadata={"source": "wiki"}))["allow"] == ["group:staff"]
+    assert manifest.tags_of(Collected(id="p03", text="t", vector=np.ones(3, np.float32))) == {}
+    path.write_text('{"id": "p01", "source": "wiki"}\n', encoding="utf-8")
+    with pytest.raises(InvalidValueError, match="line 1"):
+        AclManifest.read(path)
+
+
+@pytest.mark.parametrize(("spec", "named"), [("labels=tags", "allow=KEY"), ("allow=a,allow=b", "twice"), ("owner=a", "'owner=a'")])
+def test_a_mapping_that_cannot_be_followed_is_refused_naming_its_fault(spec: str, named: str):
+    with pytest.raises(InvalidValueError, match=named):
+        AclFromMetadata.parse(spec)
