@@ -5,18 +5,41 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..config import Settings
 from ..errors import InvalidValueError
-from ..ingest.importers import AclFromMetadata, AclManifest, ImportReport, lancedb_model, lancedb_rows
+from ..ingest.importers import (
+    AclFromMetadata,
+    AclManifest,
+    ImportReport,
+    chroma_model,
+    chroma_rows,
+    lancedb_model,
+    lancedb_rows,
+)
 from ..warehouse import Warehouse
 from .cli_options import common_options
 
 TAGS_HELP = ("Which metadata key holds each tag, e.g. 'allow=owner_groups,labels=tags,classification=level' "
              "(tags: allow, deny, labels, classification, tenant; a text value is split at commas).")  # fmt: skip
+
+
+def _governance_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Where every importer's rows take their governance from."""
+    for option in reversed([
+        click.option("--acl-from-metadata", "acl_spec", help=TAGS_HELP),
+        click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help='JSONL lines {"id": ...} or {"source": ...} with allow, deny, labels, classification, tenant.'),
+        click.option("--tenant", help="Tenant for rows whose tags name none."),
+        click.option("--classification", help="Classification for rows whose tags give none (else they are refused)."),
+    ]):  # fmt: skip
+        command = option(command)
+    return command
 
 
 @click.group(name="import")
@@ -31,11 +54,7 @@ def import_() -> None:
 @import_.command(name="lancedb")
 @click.argument("uri")
 @click.option("--table", required=True, help="The table to import.")
-@click.option("--acl-from-metadata", "acl_spec", help=TAGS_HELP)
-@click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSONL lines {\"id\": ...} or {\"source\": ...} with allow, deny, labels, classification, tenant.")  # fmt: skip
-@click.option("--tenant", help="Tenant for rows whose tags name none.")
-@click.option("--classification", help="Classification for rows whose tags give none (else they are refused).")
+@_governance_options
 @click.option("--model", help="The model that made the vectors, when the table does not record it.")
 @click.option("--id-column", default="id", show_default=True)
 @click.option("--text-column", default="text", show_default=True)
@@ -46,13 +65,36 @@ def lancedb(uri: str, table: str, acl_spec: str | None, manifest: Path | None, t
             model: str | None, id_column: str, text_column: str, vector_column: str, as_json: bool, settings: Settings) -> None:  # fmt: skip
     """Import TABLE of the LanceDB database at URI: ids, texts, vectors; every other column is the row's metadata."""
     tags = _tags(acl_spec, manifest)
-    made_by = model or lancedb_model(uri, table)
-    if made_by is None:
-        raise click.UsageError(f"table {table!r} does not record the model that made its vectors: name it with --model")
+    made_by = _model(model, lambda: lancedb_model(uri, table), f"table {table!r}")
     total, rows = lancedb_rows(uri, table, id_column=id_column, text_column=text_column, vector_column=vector_column)
-    report = Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=f"lancedb:{uri}/{table}",
-                                                   tenant=tenant, classification=classification, total=total)  # fmt: skip
-    _said(report, as_json)
+    _said(Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=f"lancedb:{uri}/{table}", tenant=tenant,
+                                                classification=classification, total=total), as_json)  # fmt: skip
+
+
+@import_.command(name="chroma")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--collection", required=True, help="The collection to import.")
+@_governance_options
+@click.option("--model", help="The model that made the vectors, when the collection does not record it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@common_options
+def chroma(path: str, collection: str, acl_spec: str | None, manifest: Path | None, tenant: str | None, classification: str | None,
+           model: str | None, as_json: bool, settings: Settings) -> None:  # fmt: skip
+    """Import COLLECTION of the Chroma database at PATH (a PersistentClient's folder): ids,
+    documents, embeddings and metadatas."""
+    tags = _tags(acl_spec, manifest)
+    made_by = _model(model, lambda: chroma_model(path, collection), f"collection {collection!r}")
+    total, rows = chroma_rows(path, collection)
+    _said(Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=f"chroma:{path}/{collection}", tenant=tenant,
+                                                classification=classification, total=total), as_json)  # fmt: skip
+
+
+def _model(given: str | None, recorded: Callable[[], str | None], what: str) -> str:
+    """The model that made the vectors: the one named, else the one the collection records."""
+    made_by = given or recorded()
+    if made_by is None:
+        raise click.UsageError(f"{what} does not record the model that made its vectors: name it with --model")
+    return made_by
 
 
 def _tags(acl_spec: str | None, manifest: Path | None) -> AclFromMetadata | AclManifest:

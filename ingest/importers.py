@@ -229,6 +229,51 @@ def lancedb_model(uri: str, table: str) -> str | None:
     return None
 
 
+# -- Chroma ----------------------------------------------------------------------------------
+
+
+def chroma_rows(path: str, collection: str, *, batch_rows: int = 10_000) -> tuple[int, Iterator[Collected]]:
+    """The rows of Chroma collection ``collection`` in the persistent database at ``path`` (its
+    ``chromadb`` reads it: the ``import`` extra): their count, and the rows a page at a time."""
+    found = _chroma_collection(path, collection)
+
+    def rows() -> Iterator[Collected]:
+        for offset in range(0, found.count(), batch_rows):
+            page = found.get(include=["embeddings", "documents", "metadatas"], limit=batch_rows, offset=offset)
+            vectors = np.asarray(page["embeddings"], dtype=np.float32)
+            for number, row_id in enumerate(page["ids"]):
+                yield Collected(id=row_id, text=page["documents"][number], vector=vectors[number],
+                                metadata=dict(page["metadatas"][number] or {}))  # fmt: skip
+
+    return found.count(), rows()
+
+
+def chroma_model(path: str, collection: str) -> str | None:
+    """The model a Chroma collection's embedding function records, if any (a sentence-transformers
+    model by its Hugging Face name)."""
+    configuration = getattr(_chroma_collection(path, collection), "configuration_json", None) or {}
+    function = configuration.get("embedding_function") or {}
+    model = (function.get("config") or {}).get("model_name") if isinstance(function, dict) else None
+    if not isinstance(model, str) or not model:
+        return None
+    return f"sentence-transformers/{model}" if "/" not in model and function.get("name") == "sentence_transformer" else model
+
+
+def _chroma_collection(path: str, collection: str) -> Any:
+    try:
+        import chromadb
+        from chromadb.config import Settings as ChromaSettings
+    except ImportError:
+        raise InvalidValueError("importing from Chroma needs chromadb: pip install 'ragwarden-datalayer[import]'") from None
+    if not Path(path).is_dir():
+        raise InvalidValueError(f"no Chroma database at {path}: name the folder its PersistentClient was given")
+    client = chromadb.PersistentClient(path=path, settings=ChromaSettings(anonymized_telemetry=False))  # nothing leaves
+    held = [c.name if hasattr(c, "name") else str(c) for c in client.list_collections()]
+    if collection not in held:
+        raise InvalidValueError(f"no collection {collection!r} in the Chroma database at {path} (its collections: {', '.join(held) or 'none'})")
+    return client.get_collection(collection, embedding_function=None)
+
+
 def _vectors(column: pa.Array | pa.ChunkedArray, what: str) -> np.ndarray:
     """A vector column as (rows, d) float32 (rows with no vector: NaN, which the record check refuses)."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column

@@ -1,5 +1,5 @@
-"""A collection another store holds comes in as it is: a real LanceDB table's ids, texts, vectors
-and metadata, each row's ACL from its metadata or a manifest, through the real command line. A
+"""A collection another store holds comes in as it is: a real LanceDB table's (and a real Chroma
+folder's) ids, texts, vectors and metadata, each row's ACL from its metadata or a manifest, through the real command line. A
 row with no ACL is refused and counted, never imported open; another model's vectors are refused;
 an import killed halfway and run again writes only what is missing; and the rows imported are
 searched under the policy like any other."""
@@ -100,6 +100,32 @@ def test_vectors_another_model_made_are_refused_and_a_model_never_named_is_asked
                     "--acl-from-metadata", "allow=owner_groups")  # fmt: skip
     report = json.loads(other.stdout)
     assert report["documents"] == 0 and all("openai/text-embedding-3-small" in r["reason"] for r in report["rejected"][:30])
+
+
+def test_a_chroma_collection_comes_in_the_same_way_its_recorded_model_checked(
+    demo_policy_warehouse: Warehouse, tmp_path: Path, embedder: Embedder
+):
+    chromadb = pytest.importorskip("chromadb", reason="the import extra's chromadb is not installed")
+    from chromadb.config import Settings as ChromaSettings
+
+    texts = [f"{'finance' if i % 2 == 0 else 'hr'} memo {i}" for i in range(12)]
+    vectors = embedder.encode(texts)
+    client = chromadb.PersistentClient(path=str(tmp_path / "chroma"), settings=ChromaSettings(anonymized_telemetry=False))
+    notes = client.create_collection("memos", embedding_function=None)
+    notes.add(ids=[f"m{i:02d}" for i in range(12)], documents=texts, embeddings=vectors,
+              metadatas=[{"owner": "group:finance" if i % 2 == 0 else "group:hr", "level": "internal", "tags": "finance" if i % 2 == 0 else "hr"}
+                         if i < 10 else {"level": "internal"} for i in range(12)])  # fmt: skip
+    args = ["import", "chroma", str(tmp_path / "chroma"), "--collection", "memos", "--tenant", "acme", "--warehouse",
+            demo_policy_warehouse.uri, "--acl-from-metadata", "allow=owner,labels=tags,classification=level", "--json"]  # fmt: skip
+    unnamed = CliRunner().invoke(main, args)
+    assert unnamed.exit_code == 2 and "name it with --model" in unnamed.output, "Chroma recorded no model for these"
+    done = CliRunner().invoke(main, [*args, "--model", MODEL_NAME])
+    report = json.loads(done.stdout)
+    assert (report["documents"], report["without_acl"]) == (10, 2)
+    rows = {row["doc_id"]: row for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
+    assert np.array_equal(np.asarray(rows["m03"]["vector"], np.float32), vectors[3]) and rows["m03"]["acl_allow"] == ["group:hr"]
+    hits = demo_policy_warehouse.search("finance memo", subject="user:alice", tenant="acme", k=12)
+    assert hits and {hit.doc_id for hit in hits} <= {f"m{i:02d}" for i in range(0, 10, 2)}
 
 
 def test_a_table_that_is_not_there_is_named_with_the_tables_that_are(demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray]):
