@@ -21,6 +21,7 @@ from ..ingest.importers import (
     chroma_rows,
     lancedb_model,
     lancedb_rows,
+    qdrant_rows,
 )
 from ..warehouse import Warehouse
 from .cli_options import common_options
@@ -86,6 +87,25 @@ def chroma(path: str, collection: str, acl_spec: str | None, manifest: Path | No
     made_by = _model(model, lambda: chroma_model(path, collection), f"collection {collection!r}")
     total, rows = chroma_rows(path, collection)
     _said(Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=f"chroma:{path}/{collection}", tenant=tenant,
+                                                classification=classification, total=total), as_json)  # fmt: skip
+
+
+@import_.command(name="qdrant")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--collection", required=True, help="The collection to import.")
+@_governance_options
+@click.option("--model", required=True, help="The model that made the vectors (Qdrant records none).")
+@click.option("--text-key", default="page_content", show_default=True, help="The payload key holding each point's text.")
+@click.option("--vector-name", help="Which of a point's named vectors to import, when it has several.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@common_options
+def qdrant(path: str, collection: str, acl_spec: str | None, manifest: Path | None, tenant: str | None, classification: str | None,
+           model: str, text_key: str, vector_name: str | None, as_json: bool, settings: Settings) -> None:  # fmt: skip
+    """Import COLLECTION of the Qdrant local storage at PATH (the folder QdrantClient(path=...)
+    was given): ids, vectors, the payload's text and the rest of it as metadata."""
+    tags = _tags(acl_spec, manifest)
+    total, rows = qdrant_rows(path, collection, text_key=text_key, vector_name=vector_name)
+    _said(Warehouse(settings).import_collection(rows, tags=tags, model=model, origin=f"qdrant:{path}/{collection}", tenant=tenant,
                                                 classification=classification, total=total), as_json)  # fmt: skip
 
 

@@ -274,6 +274,63 @@ def _chroma_collection(path: str, collection: str) -> Any:
     return client.get_collection(collection, embedding_function=None)
 
 
+# -- Qdrant ----------------------------------------------------------------------------------
+
+
+def qdrant_rows(path: str, collection: str, *, text_key: str = "page_content", vector_name: str | None = None,
+                batch_rows: int = 10_000) -> tuple[int, Iterator[Collected]]:  # fmt: skip
+    """The points of Qdrant collection ``collection`` in the local storage at ``path``
+    (``qdrant-client``'s local mode reads it): their count, and the points a page at a time. A
+    point's text is its payload's ``text_key``; its metadata the payload's ``metadata`` object
+    (LangChain's layout) or else the rest of the payload; its vector the one named
+    ``vector_name`` when it has several."""
+    client, count = _qdrant_collection(path, collection)
+
+    def rows() -> Iterator[Collected]:
+        try:
+            offset = None
+            while True:
+                points, offset = client.scroll(collection, limit=batch_rows, offset=offset, with_vectors=True, with_payload=True)
+                for point in points:
+                    payload = dict(point.payload or {})
+                    text = payload.pop(text_key, None)
+                    metadata = payload["metadata"] if isinstance(payload.get("metadata"), dict) else payload
+                    yield Collected(id=str(point.id), text=text, vector=_qdrant_vector(point.vector, vector_name, point.id),
+                                    metadata=metadata)  # fmt: skip
+                if offset is None:
+                    return
+        finally:
+            client.close()
+
+    return count, rows()
+
+
+def _qdrant_collection(path: str, collection: str) -> tuple[Any, int]:
+    try:
+        from qdrant_client import QdrantClient
+    except ImportError:
+        raise InvalidValueError("importing from Qdrant needs qdrant-client: pip install 'ragwarden-datalayer[import]'") from None
+    if not Path(path).is_dir():
+        raise InvalidValueError(f"no Qdrant storage at {path}: name the folder its local client was given (path=...)")
+    client = QdrantClient(path=path)
+    held = [c.name for c in client.get_collections().collections]
+    if collection not in held:
+        client.close()
+        raise InvalidValueError(f"no collection {collection!r} in the Qdrant storage at {path} (its collections: {', '.join(held) or 'none'})")
+    return client, client.count(collection, exact=True).count
+
+
+def _qdrant_vector(vector: Any, name: str | None, point: object) -> np.ndarray:
+    """A point's vector: the one it has, or the one named ``name`` of its named vectors."""
+    if isinstance(vector, dict):
+        if name is None and len(vector) == 1:
+            name = next(iter(vector))
+        if name not in vector:
+            raise InvalidValueError(f"point {point} has the vectors {sorted(vector)}: name the one to import with --vector-name")
+        vector = vector[name]
+    return np.asarray(vector if vector is not None else [np.nan], dtype=np.float32)
+
+
 def _vectors(column: pa.Array | pa.ChunkedArray, what: str) -> np.ndarray:
     """A vector column as (rows, d) float32 (rows with no vector: NaN, which the record check refuses)."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column

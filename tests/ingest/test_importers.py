@@ -1,5 +1,5 @@
 """A collection another store holds comes in as it is: a real LanceDB table's (and a real Chroma
-folder's) ids, texts, vectors and metadata, each row's ACL from its metadata or a manifest, through the real command line. A
+folder's, a real Qdrant local storage's) ids, texts, vectors and metadata, each row's ACL from its metadata or a manifest, through the real command line. A
 row with no ACL is refused and counted, never imported open; another model's vectors are refused;
 an import killed halfway and run again writes only what is missing; and the rows imported are
 searched under the policy like any other."""
@@ -126,6 +126,31 @@ def test_a_chroma_collection_comes_in_the_same_way_its_recorded_model_checked(
     assert np.array_equal(np.asarray(rows["m03"]["vector"], np.float32), vectors[3]) and rows["m03"]["acl_allow"] == ["group:hr"]
     hits = demo_policy_warehouse.search("finance memo", subject="user:alice", tenant="acme", k=12)
     assert hits and {hit.doc_id for hit in hits} <= {f"m{i:02d}" for i in range(0, 10, 2)}
+
+
+def test_a_qdrant_collection_comes_in_the_same_way_its_text_and_metadata_from_the_payload(
+    demo_policy_warehouse: Warehouse, tmp_path: Path, embedder: Embedder
+):
+    pytest.importorskip("qdrant_client", reason="the import extra's qdrant-client is not installed")
+    from qdrant_client import QdrantClient, models
+
+    texts = [f"{'finance' if i % 2 == 0 else 'hr'} brief {i}" for i in range(8)]
+    vectors = embedder.encode(texts)
+    client = QdrantClient(path=str(tmp_path / "qdrant"))
+    client.create_collection("briefs", vectors_config=models.VectorParams(size=vectors.shape[1], distance=models.Distance.COSINE))
+    client.upsert("briefs", points=[models.PointStruct(id=i, vector=vectors[i].tolist(), payload={
+        "page_content": texts[i], "metadata": {"owner": "group:finance" if i % 2 == 0 else "group:hr", "level": "internal",
+                                               "tags": "finance" if i % 2 == 0 else "hr"} if i < 7 else {"level": "internal"}})
+        for i in range(8)])  # fmt: skip
+    client.close()
+    done = CliRunner().invoke(main, ["import", "qdrant", str(tmp_path / "qdrant"), "--collection", "briefs", "--tenant", "acme",
+                                     "--model", MODEL_NAME, "--warehouse", demo_policy_warehouse.uri, "--json",
+                                     "--acl-from-metadata", "allow=owner,labels=tags,classification=level"])  # fmt: skip
+    report = json.loads(done.stdout)
+    assert (report["documents"], report["without_acl"]) == (7, 1)
+    rows = {row["doc_id"]: row for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
+    assert rows["3"]["text"] == texts[3] and np.array_equal(np.asarray(rows["3"]["vector"], np.float32), vectors[3])
+    assert rows["3"]["acl_allow"] == ["group:hr"] and json.loads(rows["3"]["metadata"])["owner"] == "group:hr"
 
 
 def test_a_table_that_is_not_there_is_named_with_the_tables_that_are(demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray]):
