@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import date, datetime
+from datetime import time as dt_time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -123,10 +125,22 @@ def as_record(row: Collected, tags: Mapping[str, Any], *, tenant: str | None, cl
         record["acl"] = {"allow": tags["allow"], **({"deny": tags["deny"]} if "deny" in tags else {})}
     if "labels" in tags:
         record["labels"] = tags["labels"]
-    metadata = {k: v for k, v in row.metadata.items() if isinstance(k, str)}
+    metadata = {k: _as_json(v) for k, v in row.metadata.items() if isinstance(k, str)}
     if metadata:
         record["metadata"] = metadata
     return record
+
+
+def _as_json(value: Any) -> Any:
+    """A metadata value as JSON holds it: a time as ISO 8601 text, lists and objects within; any
+    other value as it was (the record check then refuses it, naming why)."""
+    if isinstance(value, (datetime, date, dt_time)):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {k: _as_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ searched under the policy like any other."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ def prototype(tmp_path: Path, embedder: Embedder) -> tuple[str, np.ndarray]:
     vectors = embedder.encode(texts)
     owners = [None if i >= 30 else ("group:finance" if i % 4 == 0 else "group:hr,group:hr-managers") for i in range(ROWS)]
     table = pa.table({"id": [f"p{i:02d}" for i in range(ROWS)], "text": texts, "owner_groups": owners,
+                      "written": [datetime(2026, 11, 1 + i % 28, tzinfo=timezone.utc) for i in range(ROWS)],
                       "level": ["internal"] * ROWS,
                       "tags": [["finance"] if i % 4 == 0 else ["hr"] for i in range(ROWS)], "page": list(range(ROWS)),
                       "vector": pa.array(list(vectors), pa.list_(pa.float32(), vectors.shape[1]))})  # fmt: skip
@@ -62,6 +64,7 @@ def test_a_lancedb_collection_comes_in_with_its_vectors_and_the_acls_its_metadat
     assert np.array_equal(np.asarray(rows["p05"]["vector"], np.float32), vectors[5]), "the vector as it was, not embedded again"
     assert rows["p05"]["acl_allow"] == ["group:hr", "group:hr-managers"] and rows["p05"]["labels"] == ["hr"]
     assert json.loads(rows["p05"]["metadata"])["page"] == 5
+    assert json.loads(rows["p05"]["metadata"])["written"] == "2026-11-06T00:00:00+00:00", "a time kept as ISO 8601 text"
     hits = demo_policy_warehouse.search("finance note", subject="user:alice", tenant="acme", k=20)
     assert hits and {hit.doc_id for hit in hits} <= {f"p{i:02d}" for i in range(0, 30, 4)}, "alice reads finance's rows only"
 
