@@ -34,7 +34,7 @@ from ..errors import InvalidValueError
 from ..stages import work
 from ..state import TAG_COLUMNS
 from .hits import CONTENT_COLUMNS
-from .resident_codes import CodedQuery, ScanCodes
+from .resident_codes import CodedQuery, ScanCodes, aligned_pieces
 from .visible_rows import best_with_ties, unit_vectors
 
 HNSW_M = 32
@@ -178,7 +178,7 @@ class ResidentIndex:
         if self.codes.ready:
             found.append(self._coded(query, starts[long], ends[long], take, found[0][1]))
         else:
-            found.extend(_spread(self._run_best, query, _pieces(starts[long], ends[long], SCAN_PIECE_ROWS), take))
+            found.extend(_spread(self._run_best, query, aligned_pieces(starts[long], ends[long], SCAN_PIECE_ROWS), take))
         positions, scores = best_with_ties(np.concatenate([p for p, _ in found]), np.concatenate([s for _, s in found]), take)
         order = np.argsort(-scores, kind="stable")
         return positions[order], scores[order]
@@ -278,12 +278,6 @@ def _spread(score: Callable[..., Any], query: Any, pieces: list[tuple[int, int]]
     if len(pieces) == 1:
         return [score(query, *pieces[0], count)]
     return list(_SCAN_POOL.map(lambda piece: score(query, *piece, count), pieces))
-
-
-def _pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:
-    """The ranges ``[starts[i], ends[i])`` cut into pieces of at most ``size`` rows, in order."""
-    return [(lo, min(lo + size, hi)) for first, hi in zip(starts.tolist(), ends.tolist(), strict=True)
-            for lo in range(first, hi, size)]  # fmt: skip
 
 
 def range_positions(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

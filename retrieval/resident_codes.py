@@ -84,9 +84,7 @@ class ScanCodes:
 
     def pieces(self, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
         """The ranges ``[starts[i], ends[i])`` cut at block boundaries, in order."""
-        size = self._block_rows
-        return [(lo, min(hi, (lo // size + 1) * size)) for first, hi in zip(starts.tolist(), ends.tolist(), strict=True)
-                for lo in [first, *range((first // size + 1) * size, hi, size)]]  # fmt: skip
+        return aligned_pieces(starts, ends, self._block_rows)
 
     def best(self, query: CodedQuery, lo: int, hi: int, count: int) -> Coded:
         """The ``count`` best coded scores of rows ``[lo, hi)`` (one block's)."""
@@ -98,6 +96,13 @@ class ScanCodes:
         return Coded(positions=at.astype(np.int64) + block.start, scores=products[0][: len(at)] / (query.scale * SCALE),
                      bounds=query.bounds(block.error[at], block.length[at]),
                      widest=float(query.bounds(block.error[within].max(), block.length[within].max())))  # fmt: skip
+
+
+def aligned_pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:
+    """The ranges ``[starts[i], ends[i])`` cut at every multiple of ``size``, in order: no piece
+    longer than ``size``, none across a boundary."""
+    return [(lo, min(hi, (lo // size + 1) * size)) for first, hi in zip(starts.tolist(), ends.tolist(), strict=True)
+            for lo in [first, *range((first // size + 1) * size, hi, size)]]  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
