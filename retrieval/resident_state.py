@@ -80,24 +80,11 @@ class ResidentState:
 
     def rows_of(self, slots: np.ndarray) -> list[dict[str, Any]]:
         """What ``slots`` say (content from the index or the fresh rows) with their tags at this version."""
-        slots = np.asarray(slots, dtype=np.int64)
-        held = slots < self.index.rows
-        content: list[dict[str, Any]] = [{}] * len(slots)
-        if held.any():
-            for at, row in zip(np.flatnonzero(held), self.index.content.take(pa.array(slots[held])).to_pylist(), strict=True):
-                content[at] = row
-        if (~held).any():
-            fresh = self.fresh.take(pa.array(slots[~held] - self.index.rows)).to_pylist()
-            for at, row in zip(np.flatnonzero(~held), fresh, strict=True):
-                content[at] = row
+        content = _content(self.index, self.fresh, slots, CONTENT_COLUMNS).to_pylist()
         return [{**said, **tags} for said, tags in zip(content, self.tags.current(slots), strict=True)]
 
     def chunk_ids_of(self, slots: np.ndarray) -> list[str]:
-        held = slots < self.index.rows
-        ids = np.empty(len(slots), dtype=object)
-        ids[held] = self.index.chunk_ids.take(pa.array(slots[held])).to_pylist()
-        ids[~held] = self.fresh.column("chunk_id").take(pa.array(slots[~held] - self.index.rows)).to_pylist()
-        return list(ids)
+        return _content(self.index, self.fresh, slots, ["chunk_id"]).column("chunk_id").to_pylist()
 
     def lexical(self, allowed: Readable, terms: list[str], k: int) -> list[tuple[dict[str, Any], float]]:
         """The ``k`` best of the ``allowed`` slots holding a query term, by BM25 over the allowed
@@ -251,16 +238,25 @@ def _terms_placed(
     held = len(terms.lengths)
     rewritten = np.unique(written[written < held])
     moved = rewritten[row_sets.take(rewritten) != terms.placed.take(rewritten)]
-    in_index = moved < index.rows
-    texts = [index.content.column("text").take(pa.array(moved[in_index])),
-             fresh.column("text").take(pa.array(moved[~in_index] - index.rows))]  # fmt: skip
+    texts = [_content(index, fresh, moved, ["text"]).column("text")]
     if new_texts is not None:
         texts.append(new_texts)
-    slots = np.concatenate([moved[in_index], moved[~in_index], np.arange(held, len(row_sets))])
+    slots = np.concatenate([moved, np.arange(held, len(row_sets))])
     joined = pa.chunked_array([chunk.cast(pa.large_string()) for text in texts for chunk in pa.chunked_array(text).chunks],
                               pa.large_string())  # fmt: skip
     pairs = TermPairs.of_texts(joined, slots, terms.vocabulary)
     return terms.with_rows(pairs, row_sets.take(slots), len(row_sets))
+
+
+def _content(index: ResidentIndex, fresh: pa.Table, slots: np.ndarray, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of ``slots``, in their order: from the index for a position it holds, else from
+    the fresh rows (which follow the index's positions)."""
+    slots = np.asarray(slots, dtype=np.int64)
+    held = slots < index.rows
+    parts = pa.concat_tables([index.content.select(columns).take(pa.array(slots[held])),
+                              fresh.select(columns).take(pa.array(slots[~held] - index.rows))])  # fmt: skip
+    back = np.argsort(np.concatenate([np.flatnonzero(held), np.flatnonzero(~held)]), kind="stable")  # to the slots' order
+    return parts.take(pa.array(back))
 
 
 def _slots_of(state: ResidentState, written: pa.Table, fresh_slots: dict[str, int]) -> tuple[np.ndarray, list[str]]:
