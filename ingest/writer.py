@@ -88,6 +88,7 @@ class BatchPlan:
     refused: list[Rejected] = field(default_factory=list)
     restoring: list[DocumentKey] = field(default_factory=list)
     chunked: list[tuple[SourceRecord, list[tuple[Chunk, str]]]] = field(default_factory=list)
+    whole: dict[DocumentKey, list[tuple[Chunk, str]]] = field(default_factory=dict)  # records that bring their vector: their one chunk
     vectors: dict[str, list[float]] = field(default_factory=dict)
     to_embed: dict[str, str] = field(default_factory=dict)
 
@@ -140,7 +141,7 @@ class DocumentWriter:
         if not plan.changed:
             return plan
         plan.chunked = [
-            (r, whole_document(r) if r.vector is not None else chunk_document(
+            (r, plan.whole[r.key] if r.vector is not None else chunk_document(
                 r.text, tenant=r.tags.tenant, doc_id=r.doc_id, tokenizer=self.embedder.tokenizer,
                 window=self.embedder.max_tokens, overlap=self.overlap))
             for r in plan.changed
@@ -157,7 +158,8 @@ class DocumentWriter:
         which are refused (an id held by another source, an erased document)."""
         states = self.doors.sources.states(r.key for r in records)
         erased = self.doors.erasures.of(r.key for r in records)
-        brought = {r.key: whole_document(r)[0][1] for r in records if r.vector is not None}  # its one chunk id
+        whole = {r.key: whole_document(r) for r in records if r.vector is not None}
+        brought = {key: chunks[0][1] for key, chunks in whole.items()}  # its one chunk id
         stored = self.doors.chunks.vectors_of(brought.values()) if brought else {}
         changed: list[SourceRecord] = []
         unchanged: list[str] = []
@@ -180,7 +182,7 @@ class DocumentWriter:
                 changed.append(record)
         existing = {r.key for r in changed if r.key in states}
         restoring = [r.key for r in changed if r.key in erased]
-        return BatchPlan(changed=changed, unchanged=unchanged, existing=existing, refused=refused, restoring=restoring)
+        return BatchPlan(changed=changed, unchanged=unchanged, existing=existing, refused=refused, restoring=restoring, whole=whole)
 
     def _refusal(self, record: SourceRecord, state: SourceState | None, erasure: Erasure | None) -> str | None:
         """Why ``record`` may not be written without an override, or None."""
