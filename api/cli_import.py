@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from ..errors import InvalidValueError
 from ..ingest.importers import (
     AclFromMetadata,
     AclManifest,
+    Collected,
     ImportReport,
     chroma_model,
     chroma_rows,
@@ -65,11 +66,9 @@ def import_() -> None:
 def lancedb(uri: str, table: str, acl_spec: str | None, manifest: Path | None, tenant: str | None, classification: str | None,
             model: str | None, id_column: str, text_column: str, vector_column: str, as_json: bool, settings: Settings) -> None:  # fmt: skip
     """Import TABLE of the LanceDB database at URI: ids, texts, vectors; every other column is the row's metadata."""
-    tags = _tags(acl_spec, manifest)
-    made_by = _model(model, lambda: lancedb_model(uri, table), f"table {table!r}")
-    total, rows = lancedb_rows(uri, table, id_column=id_column, text_column=text_column, vector_column=vector_column)
-    _said(Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=f"lancedb:{uri}/{table}", tenant=tenant,
-                                                classification=classification, total=total), as_json)  # fmt: skip
+    _imported(settings, lambda: lancedb_rows(uri, table, id_column=id_column, text_column=text_column, vector_column=vector_column),
+              model=model, recorded=lambda: lancedb_model(uri, table), what=f"table {table!r}", origin=f"lancedb:{uri}/{table}",
+              acl_spec=acl_spec, manifest=manifest, tenant=tenant, classification=classification, as_json=as_json)  # fmt: skip
 
 
 @import_.command(name="chroma")
@@ -83,11 +82,9 @@ def chroma(path: str, collection: str, acl_spec: str | None, manifest: Path | No
            model: str | None, as_json: bool, settings: Settings) -> None:  # fmt: skip
     """Import COLLECTION of the Chroma database at PATH (a PersistentClient's folder): ids,
     documents, embeddings and metadatas."""
-    tags = _tags(acl_spec, manifest)
-    made_by = _model(model, lambda: chroma_model(path, collection), f"collection {collection!r}")
-    total, rows = chroma_rows(path, collection)
-    _said(Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=f"chroma:{path}/{collection}", tenant=tenant,
-                                                classification=classification, total=total), as_json)  # fmt: skip
+    _imported(settings, lambda: chroma_rows(path, collection), model=model, recorded=lambda: chroma_model(path, collection),
+              what=f"collection {collection!r}", origin=f"chroma:{path}/{collection}", acl_spec=acl_spec, manifest=manifest,
+              tenant=tenant, classification=classification, as_json=as_json)  # fmt: skip
 
 
 @import_.command(name="qdrant")
@@ -103,18 +100,25 @@ def qdrant(path: str, collection: str, acl_spec: str | None, manifest: Path | No
            model: str, text_key: str, vector_name: str | None, as_json: bool, settings: Settings) -> None:  # fmt: skip
     """Import COLLECTION of the Qdrant local storage at PATH (the folder QdrantClient(path=...)
     was given): ids, vectors, the payload's text and the rest of it as metadata."""
+    _imported(settings, lambda: qdrant_rows(path, collection, text_key=text_key, vector_name=vector_name), model=model,
+              recorded=lambda: None, what=f"collection {collection!r}", origin=f"qdrant:{path}/{collection}", acl_spec=acl_spec,
+              manifest=manifest, tenant=tenant, classification=classification, as_json=as_json)  # fmt: skip
+
+
+def _imported(
+    settings: Settings, read: Callable[[], tuple[int, Iterator[Collected]]], *, model: str | None,
+    recorded: Callable[[], str | None], what: str, origin: str, acl_spec: str | None, manifest: Path | None,
+    tenant: str | None, classification: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Every importer's run: where the rows' governance comes from, the model that made the
+    vectors (the one named, else the one ``what`` records), the rows ``read`` gives, imported."""
     tags = _tags(acl_spec, manifest)
-    total, rows = qdrant_rows(path, collection, text_key=text_key, vector_name=vector_name)
-    _said(Warehouse(settings).import_collection(rows, tags=tags, model=model, origin=f"qdrant:{path}/{collection}", tenant=tenant,
-                                                classification=classification, total=total), as_json)  # fmt: skip
-
-
-def _model(given: str | None, recorded: Callable[[], str | None], what: str) -> str:
-    """The model that made the vectors: the one named, else the one the collection records."""
-    made_by = given or recorded()
+    made_by = model or recorded()
     if made_by is None:
         raise click.UsageError(f"{what} does not record the model that made its vectors: name it with --model")
-    return made_by
+    total, rows = read()
+    _said(Warehouse(settings).import_collection(rows, tags=tags, model=made_by, origin=origin, tenant=tenant,
+                                                classification=classification, total=total), as_json)  # fmt: skip
 
 
 def _tags(acl_spec: str | None, manifest: Path | None) -> AclFromMetadata | AclManifest:

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from ..errors import InvalidValueError
 from ..state import open_foreign
+from .records import NO_ACL
 
 T = TypeVar("T")
 
@@ -180,19 +181,19 @@ def run_import(
     rejected: list[tuple[str, str]] = []
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=total, unit="row", disable=not show, desc="import") as bar:
-        for chunk in batched(rows, chunk_rows):
+        for chunk in _batched(rows, chunk_rows):
             records = [as_record(row, tags.tags_of(row), tenant=tenant, classification=classification, model=model,
                                  origin=origin) for row in chunk]  # fmt: skip
             report = ingest(records)
             documents, unchanged = documents + report.documents, unchanged + report.unchanged
             rejected += [(r.source, r.reason) for r in report.rejected]
-            without_acl += sum("no ACL;" in r.reason for r in report.rejected)
+            without_acl += sum(NO_ACL in r.reason for r in report.rejected)
             bar.update(len(chunk))
     return ImportReport(documents=documents, unchanged=unchanged, rejected=tuple(rejected), without_acl=without_acl,
                         seconds=time.perf_counter() - started)  # fmt: skip
 
 
-def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+def _batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
     """``items`` in lists of ``size`` (the last shorter)."""
     chunk: list[T] = []
     for item in items:

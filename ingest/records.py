@@ -113,6 +113,8 @@ class Acl:
     deny: tuple[str, ...] = ()
 
 
+NO_ACL = "no ACL; every source needs acl.allow (fail closed)"
+"""Why a source with no ACL is refused (an importer counts these)."""
 TAG_SETS_KEPT = 4_096
 """Distinct tag sets whose parsed tags are kept: a bulk load's rows share a few sets, and each set
 is checked once, not once per row."""
@@ -152,7 +154,7 @@ def _parse_tags(*, tenant: object, acl: object, labels: object, classification: 
     if isinstance(acl, Acl):
         allow, deny = list(acl.allow), list(acl.deny)
     elif acl is None:
-        problems.append("no ACL; every source needs acl.allow (fail closed)")
+        problems.append(NO_ACL)
     elif not isinstance(acl, Mapping):
         problems.append(f"acl must be an object with allow and deny lists, not {type(acl).__name__}")
     else:
