@@ -68,9 +68,13 @@ class AclFromMetadata:
 
     def tags_of(self, row: Collected) -> dict[str, Any]:
         """The tag fields ``row``'s metadata gives (a missing key gives none: the row is then refused)."""
+        return self.of_metadata(row.metadata)
+
+    def of_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """The tag fields ``metadata`` gives, read from the keys this mapping names."""
         found: dict[str, Any] = {}
         for tag, key in self.keys.items():
-            value = row.metadata.get(key)
+            value = metadata.get(key)
             if value is None:
                 continue
             if tag in ("allow", "deny", "labels"):
@@ -115,21 +119,34 @@ class AclManifest:
 
 def as_record(row: Collected, tags: Mapping[str, Any], *, tenant: str | None, classification: str | None, model: str,
               origin: str) -> dict[str, Any]:  # fmt: skip
-    """``row`` as an ``ingest_records`` record bringing its vector (its metadata kept). Nothing about
-    access is made up: a row with no ``allow`` gets no ``acl`` and one with no classification (from
-    its tags, else ``classification`` given for all) none, so ingest refuses it, naming why."""
-    record: dict[str, Any] = {"id": row.id, "text": row.text, "tenant": tags.get("tenant", tenant), "vector": row.vector,
-                              "model": model, "uri": f"{origin}#{row.id}"}  # fmt: skip
-    if tags.get("classification", classification) is not None:
-        record["classification"] = tags.get("classification", classification)
-    if "allow" in tags:
-        record["acl"] = {"allow": tags["allow"], **({"deny": tags["deny"]} if "deny" in tags else {})}
-    if "labels" in tags:
-        record["labels"] = tags["labels"]
-    metadata = {k: _as_json(v) for k, v in row.metadata.items() if isinstance(k, str)}
+    """``row`` as an ``ingest_records`` record bringing its vector (its metadata kept)."""
+    record: dict[str, Any] = {"id": row.id, "text": row.text, "tenant": tenant, "vector": row.vector, "model": model,
+                              "uri": f"{origin}#{row.id}", **tag_fields(tags, classification=classification)}  # fmt: skip
+    metadata = json_ready(row.metadata)
     if metadata:
         record["metadata"] = metadata
     return record
+
+
+def tag_fields(tags: Mapping[str, Any], *, classification: str | None = None) -> dict[str, Any]:
+    """A record's governance fields from ``tags`` (``TAG_FIELDS``). Nothing about access is made
+    up: tags with no ``allow`` give no ``acl``, and with no classification (from the tags, else
+    ``classification`` given for all) none, so ingest refuses the record, naming why."""
+    fields: dict[str, Any] = {}
+    if "tenant" in tags:
+        fields["tenant"] = tags["tenant"]
+    if tags.get("classification", classification) is not None:
+        fields["classification"] = tags.get("classification", classification)
+    if "allow" in tags:
+        fields["acl"] = {"allow": tags["allow"], **({"deny": tags["deny"]} if "deny" in tags else {})}
+    if "labels" in tags:
+        fields["labels"] = tags["labels"]
+    return fields
+
+
+def json_ready(metadata: Mapping[Any, Any]) -> dict[str, Any]:
+    """Metadata as a record keeps it: text keys only, each value as JSON holds it (``_as_json``)."""
+    return {k: _as_json(v) for k, v in metadata.items() if isinstance(k, str)}
 
 
 def _as_json(value: Any) -> Any:

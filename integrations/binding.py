@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
-from ..errors import ConfigurationError, WarehouseError, error_of, error_of_status
+from ..errors import ConfigurationError, NotFoundError, WarehouseError, error_of, error_of_status
 from ..governance.caller import Identity
 from ..retrieval.collapse import Collapse, GroupBy
 from ..retrieval.narrowing import narrowing
@@ -24,14 +25,31 @@ from ..retrieval.search import Mode
 from ..warehouse import Warehouse
 
 SEARCH_PATH = "/v1/search"
+INGEST_PATH = "/v1/ingest"
+FORGET_PATH = "/v1/forget"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Written:
+    """What a store's write did: the ids written (or found unchanged) and each record refused."""
+
+    ids: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...]  # (source, reason)
 
 
 class Binding(Protocol):
-    """Searches on behalf of one caller; each hit is a ``Hit.as_dict()`` (the HTTP ``HitModel`` shape)."""
+    """Acts on behalf of one caller; each hit is a ``Hit.as_dict()`` (the HTTP ``HitModel`` shape).
+    ``options`` carries what every search carries besides the query and k."""
+
+    options: SearchOptions
 
     def search(self, query: str, k: int) -> list[dict[str, Any]]: ...
 
     async def asearch(self, query: str, k: int) -> list[dict[str, Any]]: ...
+
+    def ingest(self, records: list[dict[str, Any]], *, restore_erased: bool = False) -> Written: ...
+
+    def forget(self, doc_id: str, *, reason: str) -> bool: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +103,20 @@ class InProcess:
     async def asearch(self, query: str, k: int) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.search, query, k)
 
+    def ingest(self, records: list[dict[str, Any]], *, restore_erased: bool = False) -> Written:
+        caller = self.identity()
+        report = self.warehouse.ingest_records(records, subject=caller.subject, tenant=caller.tenant, actor=caller.actor,
+                                               restore_erased=restore_erased)  # fmt: skip
+        return Written(ids=tuple(report.written), refused=tuple((r.source, r.reason) for r in report.rejected))
+
+    def forget(self, doc_id: str, *, reason: str) -> bool:
+        caller = self.identity()
+        try:
+            self.warehouse.forget(doc_id, reason=reason, subject=caller.subject, tenant=caller.tenant, actor=caller.actor)
+        except NotFoundError:
+            return False
+        return True
+
 
 @dataclass(frozen=True, kw_only=True)
 class OverHttp:
@@ -117,6 +149,23 @@ class OverHttp:
         with self._reaching(), httpx.Client(timeout=self.timeout) as client:
             return _hits(client.post(**self._request(query, k)))
 
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._reaching(), httpx.Client(timeout=self.timeout) as client:
+            response = client.post(self.url.rstrip("/") + path, json=body, headers={"Authorization": f"Bearer {self.token}"})
+        return _answer(response, lambda answer: True)
+
+    def ingest(self, records: list[dict[str, Any]], *, restore_erased: bool = False) -> Written:
+        sendable = [{**r, "vector": r["vector"].tolist()} if hasattr(r.get("vector"), "tolist") else r for r in records]
+        answer = self._post(INGEST_PATH, {"records": sendable, "restore_erased": restore_erased})
+        return Written(ids=tuple(answer["written"]), refused=tuple((r["source"], r["reason"]) for r in answer["rejected"]))
+
+    def forget(self, doc_id: str, *, reason: str) -> bool:
+        try:
+            self._post(FORGET_PATH, {"doc_id": doc_id, "reason": reason})
+        except NotFoundError:
+            return False
+        return True
+
     async def asearch(self, query: str, k: int) -> list[dict[str, Any]]:
         with self._reaching():
             async with httpx.AsyncClient(timeout=self.timeout) as client:
@@ -124,14 +173,20 @@ class OverHttp:
 
 
 def _hits(response: httpx.Response) -> list[dict[str, Any]]:
-    """The hits of a search answer, or its error raised as the ragwarden error it maps from (by the
-    service's error code, else by status, for an answer from a proxy in between)."""
+    """The hits of a search answer (``_answer``)."""
+    return list(_answer(response, lambda body: isinstance(body.get("hits"), list))["hits"])
+
+
+def _answer(response: httpx.Response, expected: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The service's answer if it is one (``expected`` of it), or its error raised as the
+    ragwarden error it maps from (by the service's error code, else by status, for an answer from a
+    proxy in between)."""
     try:
         body = response.json()
     except ValueError:
         body = None
-    if response.is_success and isinstance(body, dict) and isinstance(body.get("hits"), list):
-        return list(body["hits"])
+    if response.is_success and isinstance(body, dict) and expected(body):
+        return body
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         raise error_of(error["code"], str(error.get("message", "")))
@@ -207,3 +262,8 @@ def hit_metadata(hit: dict[str, Any]) -> dict[str, Any]:
         "table_version": hit["table_version"],
         "policy_version": hit["policy_version"],
     }
+
+
+def with_options(binding: Binding, **changes: Any) -> Binding:
+    """``binding`` with its search options changed for one call (``filter=``, ``mode=``)."""
+    return dataclasses.replace(binding, options=dataclasses.replace(binding.options, **changes))  # type: ignore[type-var]

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support.readme import README, README_SERVICE, readme_block
 
+from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
 
-def readme_example(module: str) -> str:
-    """The README's python block that imports ``module``."""
-    return readme_block(f"from {module} import")
+def readme_example(module: str, name: str = "WardenRetriever") -> str:
+    """The README's python block that imports ``name`` from ``module``."""
+    return readme_block(f"from {module} import {name}")
 
 
 @pytest.fixture
@@ -75,7 +77,7 @@ def test_the_collapse_example_returns_one_chunk_a_document(run_example: Callable
 def test_the_filter_example_returns_only_matching_chunks_with_their_titles(
     run_example: Callable[..., dict[str, Any]], demo_warehouse: Warehouse
 ) -> None:
-    found = run_example(readme_block("filter={"))
+    found = run_example(readme_block('filter={"$or"'))
     hits = found["hits"]
     assert hits and {hit.doc_id for hit in hits} <= {"acme-pub-004", "acme-pub-005"}
     assert {hit.metadata["title"] for hit in hits} <= {"Acme holiday schedule 2026", "Visiting Acme: office opening hours"}
@@ -94,3 +96,44 @@ def test_the_vectors_brought_in_example_writes_one_chunk_and_refuses_another_mod
     assert found["refused"].rejected[0].reason in found["printed"]
     (hit,) = demo_policy_warehouse.search("Where do visitors sign in?", subject="user:alice", tenant="acme", k=1)
     assert hit.doc_id == "acme-pub-visitors"
+
+
+@pytest.fixture
+def alice_writes(demo_policy_warehouse: Warehouse, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Warehouse:
+    """An empty warehouse under the demo policy in which alice may also write and erase, opened by
+    ``ragwarden.open()``: the vector store examples write."""
+    policy = tmp_path / "alice-writes.csv"
+    policy.write_text(policy_file("demo.csv").read_text(encoding="utf-8")
+                      + "p, user:alice, acme, ingest, execute, allow\np, user:alice, acme, forget, execute, allow\n", encoding="utf-8")  # fmt: skip
+    demo_policy_warehouse.install_policy(policy)
+    monkeypatch.setenv("RAGWARDEN_WAREHOUSE", demo_policy_warehouse.uri)
+    return demo_policy_warehouse
+
+
+def test_the_langchain_store_example_writes_finds_and_erases_as_alice(
+    run_example: Callable[..., dict[str, Any]], alice_writes: Warehouse, mint: Callable[..., str]
+) -> None:
+    from langchain_core.documents import Document
+
+    docs = [Document(id="budget-memo", page_content="Olivia signs off on the FY27 budget.", metadata={"year": 2026}),
+            Document(id="old-memo", page_content="The FY24 budget was signed off in March.", metadata={"year": 2024})]  # fmt: skip
+    found = run_example(readme_example("ragwarden.integrations.langchain", "RagwardenVectorStore"), docs=docs,
+                        alice_token=mint("alice"))  # fmt: skip
+    assert [d.id for d in found["found"]] == ["budget-memo"] and [d.id for d in found["memo"]] == ["budget-memo"]
+    assert found["store"].get_by_ids(["budget-memo", "old-memo"]) == [docs[1]]
+    assert [d.id for d in alice_writes.search("budget", subject="user:dave", tenant="acme", k=10)] == []  # fpa and confidential
+    assert found["chain_retriever"].invoke("FY24 budget") == [docs[1]]
+
+
+def test_the_llamaindex_store_example_indexes_and_erases_as_alice(run_example: Callable[..., dict[str, Any]],
+                                                                  alice_writes: Warehouse) -> None:  # fmt: skip
+    from llama_index.core import Document
+
+    docs = [Document(id_="budget-memo", text="Olivia signs off on the FY27 budget.", metadata={"owner_groups": "group:fpa", "level": "confidential"}),
+            Document(id_="canteen", text="The canteen opens at noon.", metadata={"owner_groups": "group:staff", "level": "internal"})]  # fmt: skip
+    found = run_example(readme_example("ragwarden.integrations.llamaindex", "RagwardenVectorStore"), docs=docs)
+    assert [n.node.ref_doc_id for n in found["nodes"]] == ["budget-memo", "canteen"]
+    after = found["index"].as_retriever(similarity_top_k=4).retrieve("FY27 budget sign-off")
+    assert [n.node.ref_doc_id for n in after] == ["canteen"]
+    dave = alice_writes.search("canteen", subject="user:dave", tenant="acme", k=10)  # a node is a document of its own
+    assert [h.metadata["ref_doc_id"] for h in dave] == ["canteen"]
