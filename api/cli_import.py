@@ -13,6 +13,7 @@ import click
 
 from ..config import Settings
 from ..errors import InvalidValueError
+from ..ingest.faiss_folder import faiss_langchain_rows
 from ..ingest.importers import (
     AclFromMetadata,
     AclManifest,
@@ -103,6 +104,22 @@ def qdrant(path: str, collection: str, acl_spec: str | None, manifest: Path | No
     _imported(settings, lambda: qdrant_rows(path, collection, text_key=text_key, vector_name=vector_name), model=model,
               recorded=lambda: None, what=f"collection {collection!r}", origin=f"qdrant:{path}/{collection}", acl_spec=acl_spec,
               manifest=manifest, tenant=tenant, classification=classification, as_json=as_json)  # fmt: skip
+
+
+@import_.command(name="faiss-langchain")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@_governance_options
+@click.option("--model", required=True, help="The model that made the vectors (the folder records none).")
+@click.option("--index-name", default="index", show_default=True, help="The index_name given to FAISS.save_local.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@common_options
+def faiss_langchain(folder: str, acl_spec: str | None, manifest: Path | None, tenant: str | None, classification: str | None,
+                    model: str, index_name: str, as_json: bool, settings: Settings) -> None:  # fmt: skip
+    """Import the folder LangChain's FAISS.save_local wrote: each document's id, text and metadata
+    with its vector. Its pickle is read without running it (only its docstore and documents)."""
+    _imported(settings, lambda: faiss_langchain_rows(folder, index_name=index_name), model=model, recorded=lambda: None,
+              what=f"folder {folder}", origin=f"faiss-langchain:{folder}", acl_spec=acl_spec, manifest=manifest,
+              tenant=tenant, classification=classification, as_json=as_json)  # fmt: skip
 
 
 def _imported(

@@ -156,6 +156,69 @@ def test_a_qdrant_collection_comes_in_the_same_way_its_text_and_metadata_from_th
     assert rows["3"]["acl_allow"] == ["group:hr"] and json.loads(rows["3"]["metadata"])["owner"] == "group:hr"
 
 
+@pytest.mark.filterwarnings("ignore:`langchain-community` is being sunset:DeprecationWarning")
+def test_a_langchain_faiss_folder_comes_in_the_same_way_its_pickle_never_run(
+    demo_policy_warehouse: Warehouse, tmp_path: Path, embedder: Embedder
+):
+    pytest.importorskip("langchain_community", reason="the test extra's langchain-community is not installed")
+    from langchain_community.vectorstores import FAISS
+    from langchain_core.embeddings import Embeddings
+
+    class Warehouses(Embeddings):  # the team embedded with the warehouse's own model
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return embedder.encode(texts).tolist()
+
+        def embed_query(self, text: str) -> list[float]:
+            return self.embed_documents([text])[0]
+
+    texts = [f"{'finance' if i % 2 == 0 else 'hr'} minute {i}" for i in range(10)]
+    metadatas = [{"owner": "group:finance" if i % 2 == 0 else "group:hr", "level": "internal"} if i < 8 else {"level": "internal"}
+                 for i in range(10)]  # fmt: skip
+    FAISS.from_texts(texts, Warehouses(), metadatas=metadatas, ids=[f"f{i}" for i in range(10)]).save_local(str(tmp_path / "faiss"))
+    args = ["import", "faiss-langchain", str(tmp_path / "faiss"), "--tenant", "acme", "--model", MODEL_NAME, "--warehouse",
+            demo_policy_warehouse.uri, "--acl-from-metadata", "allow=owner,classification=level", "--json"]  # fmt: skip
+    report = json.loads(CliRunner().invoke(main, args).stdout)
+    assert (report["documents"], report["without_acl"]) == (8, 2)
+    rows = {row["doc_id"]: row for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
+    assert rows["f3"]["text"] == texts[3] and rows["f3"]["acl_allow"] == ["group:hr"]
+    assert np.allclose(np.asarray(rows["f3"]["vector"], np.float32), embedder.encode([texts[3]])[0], atol=1e-6)
+    hits = demo_policy_warehouse.search("finance minute", subject="user:alice", tenant="acme", k=10)
+    assert hits and {hit.doc_id for hit in hits} <= {f"f{i}" for i in range(0, 8, 2)}
+    again = json.loads(CliRunner().invoke(main, args).stdout)
+    assert (again["documents"], again["unchanged"]) == (0, 8), "run again, it finds every row written"
+
+
+class Armed:
+    """What a crafted pickle would run on load: a file written, if ever its reduce were called."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def test_a_faiss_folder_whose_pickle_names_anything_else_is_refused_and_nothing_runs(tmp_path: Path):
+    import pickle
+
+    import faiss
+
+    folder, marker = tmp_path / "faiss", tmp_path / "ran.txt"
+    folder.mkdir()
+    index = faiss.IndexFlatL2(4)
+    index.add(np.ones((1, 4), np.float32))
+    faiss.write_index(index, str(folder / "index.faiss"))
+    (folder / "index.pkl").write_bytes(pickle.dumps((Armed(marker), {0: "x"})))
+    done = CliRunner().invoke(main, ["import", "faiss-langchain", str(folder), "--model", MODEL_NAME, "--classification", "internal",
+                                     "--acl-from-metadata", "allow=owner", "--warehouse", str(tmp_path / "warehouse")])  # fmt: skip
+    assert done.exit_code != 0 and "pathlib" in done.output and "refused, not loaded" in done.output
+    assert not marker.exists(), "the pickle's code never ran"
+    (folder / "index.pkl").unlink()
+    missing = CliRunner().invoke(main, ["import", "faiss-langchain", str(folder), "--model", MODEL_NAME, "--classification",
+                                        "internal", "--acl-from-metadata", "allow=owner", "--warehouse", str(tmp_path / "w")])  # fmt: skip
+    assert missing.exit_code != 0 and "holds no index.pkl" in missing.output
+
+
 def test_a_table_that_is_not_there_is_named_with_the_tables_that_are(demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray]):
     uri, _ = prototype
     done = CliRunner().invoke(main, ["import", "lancedb", uri, "--table", "nope", "--model", MODEL_NAME, "--warehouse",
