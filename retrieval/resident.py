@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -74,6 +75,14 @@ def resident_bytes(rows: int, dimension: int) -> int:
     return rows * (5 * dimension + 8 + 2 * HNSW_M * 4 + ROW_OVERHEAD_BYTES)
 
 
+ADD_ROWS = 50_000
+"""Rows added to the graph at once while building: a stop is heeded between two additions."""
+
+
+class Stopped(Exception):
+    """A build stopped because its process is closing the warehouse (never reaches a caller)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResidentIndex:
     """The rows of one table version by position: what each says (``CONTENT_COLUMNS``, never its
@@ -86,13 +95,17 @@ class ResidentIndex:
     codes: ScanCodes = field(default_factory=ScanCodes, repr=False, compare=False)  # filled by ``warm``
 
     @classmethod
-    def build(cls, rows: pa.Table, *, version: int, dimension: int) -> ResidentIndex:
-        """From rows with a ``vector`` column and ``CONTENT_COLUMNS``, read at ``version``."""
+    def build(cls, rows: pa.Table, *, version: int, dimension: int, stop: threading.Event | None = None) -> ResidentIndex:
+        """From rows with a ``vector`` column and ``CONTENT_COLUMNS``, read at ``version``. The
+        graph is built ``ADD_ROWS`` at a time, and ``Stopped`` is raised between two of them once
+        ``stop`` is set (a closing process waits for one block, not for the whole build)."""
         vectors, usable = unit_vectors(rows.column("vector"), dimension)
         graph = faiss.IndexHNSWFlat(dimension, HNSW_M, faiss.METRIC_INNER_PRODUCT)
         graph.hnsw.efConstruction = EF_CONSTRUCTION
-        if len(vectors):
-            graph.add(vectors)
+        for start in range(0, len(vectors), ADD_ROWS):
+            if stop is not None and stop.is_set():
+                raise Stopped("the resident index build was stopped")
+            graph.add(vectors[start : start + ADD_ROWS])
         return cls(version=version, content=rows.select(CONTENT_COLUMNS).combine_chunks(), usable=usable, graph=graph)
 
     @property
@@ -239,11 +252,11 @@ class ResidentIndex:
         usable = np.asarray(content.column("usable").to_numpy(zero_copy_only=False), dtype=bool)
         return cls(version=version, content=content.select(CONTENT_COLUMNS).combine_chunks(), usable=usable, graph=graph)
 
-    def warm(self) -> None:
+    def warm(self, stop: threading.Event | None = None) -> None:
         """Read every stored vector once (a graph whose vectors are mapped from its artifact then
         has them in memory before searches fault them in one page at a time) and code them for
-        the exact scan (``resident_codes``)."""
-        self.codes.fill(self._vectors)
+        the exact scan (``resident_codes``); left undone once ``stop`` is set."""
+        self.codes.fill(self._vectors, stop=stop)
 
     def stored_rows(self) -> pa.Table:
         """What an artifact keeps beside the graph: each row's content and whether it can be ranked."""

@@ -26,6 +26,7 @@ and the floor comes from the caller's rows.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import faiss
@@ -67,10 +68,13 @@ class ScanCodes:
     def nbytes(self) -> int:
         return sum(block.codes.ntotal * block.codes.code_size + block.error.nbytes + block.length.nbytes for block in self._blocks)
 
-    def fill(self, vectors: np.ndarray) -> None:
-        """Code ``vectors`` (rows, d) float32, unit or zero rows, each value times ``SCALE``."""
+    def fill(self, vectors: np.ndarray, stop: threading.Event | None = None) -> None:
+        """Code ``vectors`` (rows, d) float32, unit or zero rows, each value times ``SCALE``; once
+        ``stop`` is set, between two blocks, nothing is kept (the float32 kernel serves)."""
         blocks = []
         for start in range(0, len(vectors), self._block_rows):
+            if stop is not None and stop.is_set():
+                return
             rows = vectors[start : start + self._block_rows]
             whole = np.clip(np.rint(rows * np.float32(SCALE)), -127, 127).astype(np.float32)  # exact in the codes
             codes = faiss.IndexScalarQuantizer(rows.shape[1], faiss.ScalarQuantizer.QT_8bit_direct_signed, faiss.METRIC_INNER_PRODUCT)

@@ -15,9 +15,13 @@ the tags at that version, and every hit is still post-checked.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 import threading
+import time
+import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -31,7 +35,7 @@ from pyarrow import ipc
 from ..stages import work
 from ..state import TAG_COLUMNS, ChunkReads, ReadDoors
 from .hits import CONTENT_COLUMNS, CURRENT_COLUMNS, RESULT_COLUMNS
-from .resident import ResidentIndex, by_tags, resident_bytes
+from .resident import ResidentIndex, Stopped, by_tags, resident_bytes
 from .resident_lexical import TermPairs
 from .resident_state import ResidentState, advanced, build_state, index_terms
 from .visible_rows import unit_vectors
@@ -120,6 +124,30 @@ class ServingIndex:
         self._state: ResidentState | None = None
         self._state_lock = threading.Lock()
         self._follower = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resident-state")
+        self._threads: list[threading.Thread] = []  # building and warming: stopped and joined by ``close``
+        self._stop = threading.Event()
+        _open.add(self)
+
+    def close(self, timeout: float) -> bool:
+        """Stop the index being built or warmed, at its next block, and wait for it: a process that
+        exits while one is inside faiss is aborted, not ended. Whether none still runs after
+        ``timeout`` seconds. A later search builds again."""
+        deadline = time.monotonic() + timeout
+        self._stop.set()
+        try:
+            while alive := [thread for thread in self._threads if thread.is_alive()]:
+                if time.monotonic() >= deadline:
+                    return False
+                alive[0].join(max(0.0, deadline - time.monotonic()))
+            return True
+        finally:
+            if not any(thread.is_alive() for thread in self._threads):
+                self._stop.clear()
+
+    def _started(self, target: Callable[[], object], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
 
     def status(self) -> ServingStatus:
         index = self._index
@@ -208,11 +236,13 @@ class ServingIndex:
             self._building = True
         if self._index is None:
             self._status = ServingStatus(state="building", rows=rows, bytes=needed)
-        threading.Thread(target=self._build, name="resident-index", daemon=True).start()
+        self._started(self._build, "resident-index")
 
     def _build(self) -> None:
         try:
             self.build_now()
+        except Stopped:  # the process closes the warehouse: a later search builds again
+            self._status = ServingStatus(state="idle")
         except Exception as exc:  # searches go on through Lance; the next one that could use it tries again
             log.warning("building the resident index failed (searching through Lance): %s", exc)
             self._status = ServingStatus(state="failed", reason=str(exc).splitlines()[0] if str(exc) else repr(exc))
@@ -224,7 +254,7 @@ class ServingIndex:
         """Load the newest artifact the warehouse holds (unless it is further behind the table than
         a rebuild would allow), else build from the table; install and return it."""
         def from_table() -> ResidentIndex:
-            return table_index(self._chunks)
+            return table_index(self._chunks, stop=self._stop)
 
         index = load_artifact(self._doors)
         latest = self._chunks.latest_version()
@@ -242,14 +272,28 @@ class ServingIndex:
         self._state = state
         held = index.nbytes + (state.nbytes if state is not None else 0)
         self._status = ServingStatus(state="ready", version=index.version, rows=index.rows, bytes=held)
-        threading.Thread(target=index.warm, name="resident-index-warm", daemon=True).start()
+        self._started(lambda: index.warm(self._stop), "resident-index-warm")
         return index
 
 
-def table_index(chunks: ChunkReads) -> ResidentIndex:
+def table_index(chunks: ChunkReads, stop: threading.Event | None = None) -> ResidentIndex:
     """The index of the table's latest rows, laid out by their tags (``by_tags``)."""
     version, rows = chunks.read_latest([*CONTENT_COLUMNS, "vector", *TAG_COLUMNS])
-    return ResidentIndex.build(by_tags(rows), version=version, dimension=chunks.dimension)
+    return ResidentIndex.build(by_tags(rows), version=version, dimension=chunks.dimension, stop=stop)
+
+
+_open: weakref.WeakSet[ServingIndex] = weakref.WeakSet()
+"""Every serving index of this process, stopped at exit: a short-lived process (one ``ragwarden
+search``) that started a build and never closed its warehouse ends cleanly."""
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    for serving in list(_open):
+        serving.close(EXIT_WAIT_SECONDS)
+
+
+EXIT_WAIT_SECONDS = 30.0
 
 
 def store_artifact(doors: ReadDoors) -> ResidentIndex | None:

@@ -23,7 +23,7 @@ from support.raw_tables import raw_table
 from ragwarden.api.cli import main
 from ragwarden.bench.world import TENANT, World
 from ragwarden.governance.caller import Caller
-from ragwarden.retrieval import serving
+from ragwarden.retrieval import resident, serving
 from ragwarden.retrieval.resident_state import index_terms
 from ragwarden.retrieval.search import Searcher
 from ragwarden.warehouse import Warehouse
@@ -123,6 +123,39 @@ def test_the_first_search_starts_a_build_in_the_background_and_later_ones_use_it
         time.sleep(0.05)
     assert searcher.serving.status().state == "ready" and searcher.serving.status().warm
     assert top_ids(searcher, indexed_warehouse, subject, vector)[:3] == before[:3]
+
+
+def test_closing_stops_the_index_being_built_and_a_later_search_builds_it_again(
+    indexed_warehouse: Warehouse, small_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that exits while the build or warm-up thread is inside faiss is aborted by the C++
+    runtime, not ended: close() stops them at their next block (here, 100 rows) and waits."""
+    monkeypatch.setattr(resident, "ADD_ROWS", 100)
+    searcher = resident_searcher(indexed_warehouse)
+    subject, vector = small_world.subjects[0.5], queries(small_world, 1)[0]
+    top_ids(searcher, indexed_warehouse, subject, vector)  # starts the build
+    assert any(t.name.startswith("resident-index") for t in searcher.serving._threads)
+    assert searcher.serving.close(60) and not any(t.is_alive() for t in searcher.serving._threads)
+    assert searcher.serving.status().state in ("idle", "ready"), "stopped (or done before the stop came)"
+    top_ids(searcher, indexed_warehouse, subject, vector)  # builds again
+    deadline = time.monotonic() + 60
+    while not searcher.serving.status().warm and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert searcher.serving.status().state == "ready" and searcher.serving.status().warm
+
+
+def test_at_exit_a_build_a_process_never_closed_is_stopped(
+    indexed_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short-lived process (one ``ragwarden search``) that started a build and exits without
+    closing its warehouse has the build stopped by the exit hook, not left inside faiss (where the
+    C++ runtime aborted a 1M-row benchmark at exit)."""
+    monkeypatch.setattr(resident, "ADD_ROWS", 1)  # thousands of additions: the stop comes before the last
+    searcher = resident_searcher(indexed_warehouse)
+    searcher.serving._start_build(indexed_warehouse.store.chunks.count())
+    serving._stop_at_exit()
+    assert not any(t.is_alive() for t in searcher.serving._threads)
+    assert searcher.serving.status().state == "idle" and not searcher.serving.status().warm
 
 
 def test_a_stored_artifact_is_what_a_new_replica_loads_and_an_erasure_s_purge_removes_it(
