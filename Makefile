@@ -69,12 +69,14 @@ test-quality: install
 BENCH_ARGS ?= --sizes 100000,1000000,scifact --queries 20
 # Shared use while the table changes: 1,000 callers, a writer committing every second (bench/churn.py).
 CHURN_ROWS ?= 100000 1000000
-# Records that bring their own vectors, through ingest_records against a bare LanceDB add (bench/brought.py).
+# Records that bring their own vectors, through ingest_records against a bare LanceDB add, and a
+# collection imported (`ragwarden import lancedb`), at 100k and, the import alone, at 1M (bench/brought.py).
 BROUGHT_ROWS ?= 100000
 bench: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench $(BENCH_ARGS)
 	for rows in $(CHURN_ROWS); do $(BIN)/python -m ragwarden.bench.churn --rows $$rows || exit 1; done
 	for rows in $(BROUGHT_ROWS); do $(BIN)/python -m ragwarden.bench.brought --rows $$rows || exit 1; done
+	$(BIN)/python -m ragwarden.bench.brought --rows 1000000 --callers 40 --queries 2 --import-only
 
 # The soak: the load test of the suite (8 clients, one ingesting, every answer checked against the
 # oracle) for SOAK_SECONDS instead of a minute, figures in bench/results/soak.json; then the

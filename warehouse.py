@@ -41,6 +41,7 @@ from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.trends import Trends, trends
 from .governance.trends import since as trend_start
+from .ingest.bulk import Provenance, import_rows
 from .ingest.importers import AclFromMetadata, AclManifest, Collected, ImportReport, run_import
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport, read_sync_file
 from .ingest.pipeline import IngestReport, count_inputs, held_apart, iter_sources, run_ingest
@@ -186,6 +187,8 @@ class Warehouse:
         if not self.audit.close(timeout):
             raise WarehouseError(f"the audit log's background work still ran after {timeout:g} s; "
                                  "call close() again before copying the warehouse")  # fmt: skip
+        if not self._searcher.serving.close(timeout):
+            raise WarehouseError(f"the serving index was still being built after {timeout:g} s; call close() again")
 
     def __enter__(self) -> Warehouse:
         return self
@@ -538,18 +541,30 @@ class Warehouse:
         classification: str | None = None,
         total: int | None = None,
         progress: bool | None = None,
-        chunk_rows: int = 50_000,
     ) -> ImportReport:
         """Import a collection another store holds (``ingest.importers``: its rows, each with its
         vector, made by ``model``), as the operator: each row's governance from ``tags`` (its
         metadata's keys, or a manifest), ``tenant`` and ``classification`` for rows whose tags name
-        none. Written ``chunk_rows`` at a time through ``ingest_records`` (one commit per
-        ``write_batch_brought``); a row with no ACL is refused and counted. Running it again after a
-        kill writes only what is missing. ``progress`` (by default on a terminal): a bar of rows
-        against ``total``, with the time left."""
-        return run_import(lambda records: self.ingest_records(records, progress=False), rows, tags=tags, model=model,
-                          origin=origin, tenant=tenant, classification=classification, total=total, progress=progress,
-                          chunk_rows=chunk_rows)  # fmt: skip
+        none. Each ``import_batch_rows`` rows (a setting) are one ingest run and one commit
+        (``ingest.bulk``: checked as records are, new documents written as Arrow columns); a row
+        with no ACL is refused and counted. Running it again after a kill writes only what is missing.
+        ``progress`` (by default on a terminal): a bar of rows against ``total``, with the time left."""
+
+        came = Provenance(model=model, origin=origin, tenant=tenant, classification=classification)
+
+        def ingest(chunk: list[Collected], chunk_tags: list[dict[str, Any]]) -> IngestReport:
+            def write() -> IngestReport:
+                return import_rows(chunk, chunk_tags, came, doors=self._writes, embedder=self.embedder,
+                                   overlap=self.settings.chunk_overlap, batch=self.settings.import_batch_rows,
+                                   maintain=self.settings.ingest_maintenance)  # fmt: skip
+
+            sources = [f"doc:{row.id}" for row in chunk]
+            return self._gate.run(Operation.INGEST, None, Need.GRANT, lambda _: self._written_by(write, sources), _ingested,
+                                  touched=_written)  # fmt: skip
+
+        with held_apart():  # the rows read are not traversed by every collection
+            return run_import(ingest, rows, tags=tags, total=total, progress=progress,
+                              chunk_rows=self.settings.import_batch_rows)  # fmt: skip
 
     def _run(
         self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local",
@@ -573,6 +588,11 @@ class Warehouse:
                 maintain=self.settings.ingest_maintenance,
                 brought_batch=self.settings.write_batch_brought,
             )
+
+        return self._written_by(ingest, sources)
+
+    def _written_by(self, ingest: Callable[[], IngestReport], sources: list[str]) -> IngestReport:
+        """``ingest()`` run as a tracked ingest of ``sources``: its lineage says what it wrote."""
 
         def output(report: IngestReport) -> ChunksOutput:
             chunking = Chunking(

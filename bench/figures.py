@@ -145,15 +145,26 @@ def churn() -> str:
 
 
 def brought() -> str:
-    """The README's figure for records that bring their vectors (``bench/brought.py``)."""
+    """The README's figure for records that bring their vectors and for an import (``bench/brought.py``)."""
     run = _record("brought-100000.json")
     search = run["search"]
-    return (
+    line = (
         f"{run['rows']:,} records on {run['machine']['cpus']} cores ({_date(run)}): {run['rows_per_second']:,} rows/s "
         f"end to end ({run['seconds']} s, one commit per {run['commits_of']:,}), where a bare LanceDB add of the same "
         f"rows ran at {run['bare_rows_per_second']:,} rows/s; `ragwarden import lancedb` of that table, "
         f"{run['import_lancedb_rows_per_second']:,} rows/s; recall@10 {search['recall_at_10']:.3f} for "
         f"{search['callers']} callers against the oracle, {search['leaks']} leaks.\n"
+    )
+    big = _record("brought-1000000.json")
+    if "import_search" not in big:
+        return line
+    found = big["import_search"]
+    return line + (
+        f"\n{big['rows']:,} rows imported from a LanceDB table ({_date(big)}, {big['machine']['cpus']} cores): "
+        f"{big['import_lancedb_rows_per_second']:,} rows/s end to end ({big['import_lancedb_seconds']} s, one commit per "
+        f"{big['import_commits_of']:,} rows), {big['import_ratio_to_bare']}x a bare LanceDB add of the same rows "
+        f"({big['bare_rows_per_second']:,} rows/s); recall@10 {found['recall_at_10']:.3f} for {found['callers']} callers "
+        f"against the oracle, {found['leaks']} leaks.\n"
     )
 
 

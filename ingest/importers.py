@@ -149,9 +149,14 @@ def json_ready(metadata: Mapping[Any, Any]) -> dict[str, Any]:
     return {k: _as_json(v) for k, v in metadata.items() if isinstance(k, str)}
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _as_json(value: Any) -> Any:
     """A metadata value as JSON holds it: a time as ISO 8601 text, lists and objects within; any
     other value as it was (the record check then refuses it, naming why)."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, (datetime, date, dt_time)):
         return value.isoformat()
     if isinstance(value, Mapping):
@@ -179,29 +184,23 @@ class ImportReport:
 
 
 def run_import(
-    ingest: Callable[[list[dict[str, Any]]], Any],
+    ingest: Callable[[list[Collected], list[dict[str, Any]]], Any],
     rows: Iterable[Collected],
     *,
     tags: AclFromMetadata | AclManifest,
-    model: str,
-    origin: str,
-    tenant: str | None,
-    classification: str | None,
     total: int | None,
     progress: bool | None,
     chunk_rows: int,
 ) -> ImportReport:
-    """``rows`` through ``ingest`` (``Warehouse.ingest_records``) ``chunk_rows`` at a time, as
-    ``Warehouse.import_collection`` says."""
+    """``rows``, each with its tags, through ``ingest`` (one ingest run, ``ingest.bulk``)
+    ``chunk_rows`` at a time, as ``Warehouse.import_collection`` says."""
     started = time.perf_counter()
     documents = unchanged = without_acl = 0
     rejected: list[tuple[str, str]] = []
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=total, unit="row", disable=not show, desc="import") as bar:
         for chunk in _batched(rows, chunk_rows):
-            records = [as_record(row, tags.tags_of(row), tenant=tenant, classification=classification, model=model,
-                                 origin=origin) for row in chunk]  # fmt: skip
-            report = ingest(records)
+            report = ingest(chunk, [tags.tags_of(row) for row in chunk])
             documents, unchanged = documents + report.documents, unchanged + report.unchanged
             rejected += [(r.source, r.reason) for r in report.rejected]
             without_acl += sum(NO_ACL in r.reason for r in report.rejected)

@@ -197,13 +197,24 @@ def dedupe_ids(outcomes: Iterable[Outcome]) -> Iterator[Outcome]:
     for outcome in outcomes:
         if isinstance(outcome, SourceRecord):
             if outcome.key in first_seen:
-                yield Rejected(
-                    source=outcome.origin,
-                    reason=f"id {outcome.doc_id!r} already appeared in this run at {first_seen[outcome.key]}",
-                )
+                yield Rejected(source=outcome.origin, reason=repeated_id(outcome.doc_id, first_seen[outcome.key]))
                 continue
             first_seen[outcome.key] = outcome.origin
         yield outcome
+
+
+def repeated_id(doc_id: str, first: str) -> str:
+    """Why a second record of one id in one run is refused."""
+    return f"id {doc_id!r} already appeared in this run at {first}"
+
+
+def vector_refusal(model: str | None, length: int, *, warehouse_model: str, dimension: int) -> str | None:
+    """Why a vector ``model`` made, of ``length`` numbers, cannot be the warehouse's; None if it can."""
+    if model != warehouse_model:
+        return f"vector was made by {model!r}; this warehouse's vectors are {warehouse_model!r}'s, and the two do not compare"
+    if length != dimension:
+        return f"vector has {length} numbers; {warehouse_model!r} makes {dimension}"
+    return None
 
 
 def brought_vectors(
@@ -217,10 +228,8 @@ def brought_vectors(
             reason = None
             if engine is not None:
                 reason = "a record that brings its vector is written by the local engine; ingest it with engine='local'"
-            elif outcome.model != model:
-                reason = f"vector was made by {outcome.model!r}; this warehouse's vectors are {model!r}'s, and the two do not compare"
-            elif len(outcome.vector) != dimension:
-                reason = f"vector has {len(outcome.vector)} numbers; {model!r} makes {dimension}"
+            else:
+                reason = vector_refusal(outcome.model, len(outcome.vector), warehouse_model=model, dimension=dimension)
             if reason is not None:
                 yield Rejected(source=outcome.origin, reason=reason)
                 continue

@@ -55,7 +55,7 @@ class SourceRecord:
         """Content hash of the text: a new version whenever the text changes."""
         return document_version(self.text)
 
-    @property
+    @cached_property
     def key(self) -> tuple[str, str]:
         """(tenant, doc id): the id names the document within its tenant only."""
         return (self.tags.tenant, self.doc_id)
@@ -138,6 +138,8 @@ def parse_tags(*, tenant: object, acl: object, labels: object, classification: o
 def _frozen(value: object) -> Hashable:
     """``value`` (JSON-shaped, or an ``Acl``) as a hashable key that keeps types apart (1, 1.0
     and True are three keys)."""
+    if type(value) is str:  # the most of what a key holds, so asked first
+        return ("str", value)
     if isinstance(value, Mapping):
         return ("{}", tuple(sorted(((str(k), type(k).__name__), _frozen(v)) for k, v in value.items())))
     if isinstance(value, (list, tuple)):
@@ -208,26 +210,18 @@ def build_record(
 
     A missing ACL is refused (fail closed), never defaulted. Empty text is ``Skipped``.
     """
-    problems: list[str] = []
-    if doc_id is None:
-        problems.append("no id; every source needs an id, unique in its tenant")
-    elif not isinstance(doc_id, str) or not doc_id.strip() or len(doc_id) > MAX_ID_LENGTH or not doc_id.isprintable():
-        problems.append(f"id {doc_id!r} must be printable text of 1 to {MAX_ID_LENGTH} characters")
-    if text is None:
-        problems.append("no text")
-    elif not isinstance(text, str):
-        problems.append(f"text must be a string, not {type(text).__name__}")
-    _collected(problems, lambda: [_check_metadata(metadata)])
+    problems = [problem for problem in (id_problem(doc_id), text_problem(text)) if problem]
+    stored = _collected(problems, lambda: [check_metadata(metadata)])
     if uri is not None and not isinstance(uri, str):
         problems.append(f"uri must be a string, not {type(uri).__name__}")
     tags = _collected(problems, lambda: [parse_tags(tenant=tenant, acl=acl, labels=labels, classification=classification)])
-    brought = _collected(problems, lambda: [_brought_vector(vector, model)])
+    brought = _collected(problems, lambda: [checked_vector(vector, model)])
     if problems:  # every one at once: fixing a record takes one round, not one per fault
         raise InvalidSourceError(origin, "; ".join(problems))
     assert isinstance(doc_id, str) and isinstance(text, str)
     if not text.strip():
         return Skipped(source=origin, reason="empty text")
-    return SourceRecord(
+    record = SourceRecord(
         doc_id=doc_id,
         text=text,
         tags=tags[0],
@@ -235,14 +229,35 @@ def build_record(
         origin=origin,
         metadata=dict(metadata or {}),  # type: ignore[call-overload]
         vector=brought[0],
-        model=model if brought[0] is not None else None,  # type: ignore[arg-type] - checked in _brought_vector
+        model=model if brought[0] is not None else None,  # type: ignore[arg-type] - checked in checked_vector
     )
+    record.__dict__["metadata_json"] = stored[0]  # the cached property, filled by the check that made it: made once
+    return record
 
 
-def _check_metadata(metadata: object) -> None:
-    """ValueError unless ``metadata`` is an object with text keys that JSON can hold within the limit."""
+def id_problem(doc_id: object) -> str | None:
+    """What is wrong with a source's id, or None."""
+    if doc_id is None:
+        return "no id; every source needs an id, unique in its tenant"
+    if not isinstance(doc_id, str) or not doc_id.strip() or len(doc_id) > MAX_ID_LENGTH or not doc_id.isprintable():
+        return f"id {doc_id!r} must be printable text of 1 to {MAX_ID_LENGTH} characters"
+    return None
+
+
+def text_problem(text: object) -> str | None:
+    """What is wrong with a source's text, or None (empty text is no fault: it is skipped)."""
+    if text is None:
+        return "no text"
+    if not isinstance(text, str):
+        return f"text must be a string, not {type(text).__name__}"
+    return None
+
+
+def check_metadata(metadata: object) -> str:
+    """``metadata`` as stored (its JSON), unless it is not an object with text keys that JSON can
+    hold within the limit: ValueError."""
     if metadata is None:
-        return
+        return metadata_json({})
     if not isinstance(metadata, Mapping):
         raise InvalidValueError(f"metadata must be an object, not {type(metadata).__name__}")
     if not all(isinstance(key, str) for key in metadata):
@@ -253,9 +268,10 @@ def _check_metadata(metadata: object) -> None:
         raise InvalidValueError("metadata holds NaN or infinity, which JSON cannot carry") from None
     if len(stored.encode("utf-8")) > MAX_METADATA_BYTES:
         raise InvalidValueError(f"metadata is {len(stored.encode('utf-8'))} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
+    return stored
 
 
-def _brought_vector(vector: object, model: object) -> np.ndarray | None:
+def checked_vector(vector: object, model: object) -> np.ndarray | None:
     """A record's own vector as the warehouse keeps it (float32, read-only), checked for what any
     model's vector must be (its dimension and model are checked against the warehouse's when it is
     written); ValueError naming the fault. The numbers are checked at once (numpy), not one by one:

@@ -238,7 +238,7 @@ class DocumentWriter:
         written = [(record, chunks) for record, chunks in plan.chunked if record.key not in erased]
         keys = [record.key for record, _ in written]
         if version > planned + 1:  # other commits landed between this plan and its commit
-            self._drop_strays(keys, {str(row["chunk_id"]) for row in chunk_rows}, version)
+            self.drop_strays(keys, {str(row["chunk_id"]) for row in chunk_rows}, version)
         source_rows = [self._source_row(record, len(chunks), now) for record, chunks in written]
         self.doors.sources.record(source_rows, chunks_version=version, insert=True)
         self.doors.erasures.lift(plan.restoring)
@@ -246,7 +246,7 @@ class DocumentWriter:
         return BatchResult(written=keys, unchanged=plan.unchanged, chunks=sum(len(chunks) for _, chunks in written),
                            refused=refused, restored=plan.restoring)  # fmt: skip
 
-    def _drop_strays(self, keys: Sequence[DocumentKey], written: Collection[str], version: int) -> None:
+    def drop_strays(self, keys: Sequence[DocumentKey], written: Collection[str], version: int) -> None:
         """Delete the chunks of ``keys`` that another ingest committed between this one's plan and
         its commit at ``version``, with the rows derived from them.
 

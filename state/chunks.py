@@ -326,7 +326,7 @@ class Chunks(ChunkReads):
             snapshot = self.snapshot()
             try:
                 write, result = plan(snapshot)
-                self._registries.register_labels(label for row in write.rows for label in row["labels"] if label)
+                self._registries.register_labels(label for label in write.labels() if label)
                 return result, snapshot.commit(write)
             except Exception as exc:
                 if is_missing_file(exc) and not is_commit_conflict(exc) and self._table.version != snapshot.version:

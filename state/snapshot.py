@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import InvalidValueError
 from ..governance.sql import sql_documents, sql_in_list, sql_list
@@ -36,14 +37,18 @@ class ChunkWrite:
     """One commit of the ``chunks`` table, planned from one snapshot.
 
     ``rows`` are written whole (new rows, re-tagged rows, and rows read and rewritten unchanged
-    so that the commit depends on them); ``delete`` are ids of rows to remove.
+    so that the commit depends on them); ``delete`` are ids of rows to remove. ``table``: new
+    rows given as one Arrow table instead (a bulk load's, built a column at a time).
     """
 
     rows: Sequence[Mapping[str, Any]] = ()
     delete: Sequence[str] = ()
+    table: pa.Table | None = None
 
     def __post_init__(self) -> None:
-        ids = [str(row["chunk_id"]) for row in self.rows]
+        if self.table is not None and self.rows:
+            raise InvalidValueError("a chunk write gives its rows as dicts or as a table, not both")
+        ids = self.table.column("chunk_id").to_pylist() if self.table is not None else [str(row["chunk_id"]) for row in self.rows]
         if len(ids) != len(set(ids)):
             raise InvalidValueError("a chunk write names a row twice")
         if set(ids) & set(self.delete):
@@ -51,7 +56,13 @@ class ChunkWrite:
 
     @property
     def empty(self) -> bool:
-        return not self.rows and not self.delete
+        return not self.rows and not self.delete and (self.table is None or not self.table.num_rows)
+
+    def labels(self) -> set[str]:
+        """Every label a row written carries."""
+        if self.table is not None:
+            return set(pc.unique(pc.list_flatten(self.table.column("labels"))).to_pylist())
+        return {label for row in self.rows for label in row["labels"]}
 
 
 def _without_nul(values: Iterable[str]) -> list[str]:
@@ -106,7 +117,7 @@ class ChunksSnapshot:
         here) when a commit since then touched a row it writes or deletes. Returns the new version."""
         if write.empty:
             return self.version
-        table = rows_table(write.rows, self.schema)
+        table = write.table.select(self.schema.names).cast(self.schema) if write.table is not None else rows_table(write.rows, self.schema)
         merge = conditional_merge(
             self._dataset, "chunk_id", _without_nul(write.delete), planned_at=self._taken, what="a chunks write"
         )

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidRequestError, NotFoundError
@@ -87,14 +88,21 @@ class Sources(Door):
         found = self._table.to_lance().to_table(columns=["tenant"])
         return sorted(set(found.column("tenant").to_pylist()))
 
-    def record(self, rows: Sequence[Mapping[str, Any]], *, chunks_version: int, insert: bool) -> None:
-        """Write the whole records of documents whose chunks were committed at ``chunks_version``;
-        ``insert``: also those of documents that have none (an ingest; not a re-tag, whose document
-        may have been erased meanwhile). A record already stamped by a later commit is left as it
-        is, so writers finishing out of order leave the latest state."""
-        if not rows:
+    def record(self, rows: Sequence[Mapping[str, Any]] | pa.Table, *, chunks_version: int, insert: bool) -> None:
+        """Write the whole records of documents whose chunks were committed at ``chunks_version``
+        (dicts, or one Arrow table: a bulk load's); ``insert``: also those of documents that have
+        none (an ingest; not a re-tag, whose document may have been erased meanwhile). A record
+        already stamped by a later commit is left as it is, so writers finishing out of order leave
+        the latest state."""
+        if not len(rows):
             return
-        table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=SOURCES_SCHEMA)
+        if isinstance(rows, pa.Table):
+            stamps = pa.array(np.full(rows.num_rows, chunks_version, dtype=np.int64))
+            table = rows.append_column("chunks_version", stamps).select(SOURCES_SCHEMA.names).cast(SOURCES_SCHEMA)
+            keys = list(zip(table.column("tenant").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
+        else:
+            table = pa.Table.from_pylist([{**row, "chunks_version": chunks_version} for row in rows], schema=SOURCES_SCHEMA)
+            keys = [(str(row["tenant"]), str(row["doc_id"])) for row in rows]
         merge = self._table.merge_insert(list(DOCUMENT_KEY)).when_matched_update_all(
             where="source.chunks_version > target.chunks_version"
         )
@@ -102,7 +110,7 @@ class Sources(Door):
             merge = merge.when_not_matched_insert_all()
         # A replay after a conflict re-checks the stamp against the newer version.
         retrying_conflicts(lambda: merge.execute(table), what="recording sources")
-        self._drop_superseded([(str(row["tenant"]), str(row["doc_id"])) for row in rows])
+        self._drop_superseded(keys)
 
     def _drop_superseded(self, keys: Sequence[DocumentKey]) -> None:
         """Delete every record of ``keys`` stamped before another record of the same document.

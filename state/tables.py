@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import lancedb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import RagwardenError, WarehouseError
 from ..governance.sql import sql_documents, sql_in_list
@@ -272,6 +273,25 @@ def documents_rows(table: Any, keys: Iterable[tuple[str, str]], columns: list[st
     """Rows of the documents ``keys`` ((tenant, doc id), quoted as data); a key holding a NUL
     matches nothing."""
     wanted = {(t, d) for t, d in keys if "\x00" not in t and "\x00" not in d}
+    if len(wanted) > MANY_KEYS:
+        wanted = _held_of(table, wanted)
     if not wanted:
         return []
     return table.search().where(sql_documents(wanted)).select(columns).limit(None).to_list()
+
+
+MANY_KEYS = 2_000
+"""Above this many documents asked for, the keys the table holds are read first (two columns) and
+only those asked for are then read: a filter of 100,000 quoted pairs took seconds to write and to
+run on a 1M-row table, where reading its keys takes a fraction of one."""
+
+
+def _held_of(table: Any, wanted: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Those of ``wanted`` that ``table`` holds a row of."""
+    held = table.search().select(["tenant", "doc_id"]).limit(None).to_arrow()
+    if not held.num_rows:
+        return set()
+    joined = pc.binary_join_element_wise(held.column("tenant"), held.column("doc_id"), "\x00")
+    present = pc.is_in(joined, value_set=pa.array([f"{t}\x00{d}" for t, d in wanted], pa.string()))
+    found = held.filter(present)
+    return set(zip(found.column("tenant").to_pylist(), found.column("doc_id").to_pylist(), strict=True))

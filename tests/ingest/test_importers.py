@@ -19,9 +19,11 @@ from click.testing import CliRunner
 from support.raw_tables import raw_table
 
 from ragwarden.api.cli import main
+from ragwarden.config import Settings
 from ragwarden.embedder import MODEL_NAME, Embedder
 from ragwarden.errors import InvalidValueError
 from ragwarden.ingest.importers import AclFromMetadata, AclManifest, Collected, lancedb_rows
+from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
 ROWS = 40
@@ -70,9 +72,11 @@ def test_a_lancedb_collection_comes_in_with_its_vectors_and_the_acls_its_metadat
 
 
 def test_an_import_killed_halfway_and_run_again_writes_only_what_is_missing(
-    demo_policy_warehouse: Warehouse, prototype: tuple[str, np.ndarray]
+    tmp_path: Path, embedder: Embedder, prototype: tuple[str, np.ndarray]
 ):
     uri, _ = prototype
+    demo_policy_warehouse = Warehouse(Settings(warehouse=str(tmp_path / "warehouse"), import_batch_rows=10), embedder=embedder)
+    demo_policy_warehouse.install_policy(policy_file("demo.csv"))  # commits of 10 rows
     tags = AclFromMetadata.parse("allow=owner_groups,classification=level")
     total, rows = lancedb_rows(uri, "notes")
 
@@ -84,12 +88,12 @@ def test_an_import_killed_halfway_and_run_again_writes_only_what_is_missing(
 
     with pytest.raises(KeyboardInterrupt):
         demo_policy_warehouse.import_collection(killed(), tags=tags, model=MODEL_NAME, origin="lancedb:notes", tenant="acme",
-                                                total=total, chunk_rows=10, progress=False)  # fmt: skip
+                                                total=total, progress=False)  # fmt: skip
     first = {row["doc_id"] for row in raw_table(demo_policy_warehouse.store).to_arrow().to_pylist()}
     assert len(first) == 20, "the chunks committed before the kill"
     _, again = lancedb_rows(uri, "notes")
     report = demo_policy_warehouse.import_collection(again, tags=tags, model=MODEL_NAME, origin="lancedb:notes", tenant="acme",
-                                                     total=total, chunk_rows=10, progress=False)  # fmt: skip
+                                                     total=total, progress=False)  # fmt: skip
     assert (report.unchanged, report.documents, report.without_acl) == (20, 10, 10)
 
 
