@@ -41,7 +41,7 @@ from .governance.operations import Operation
 from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.trends import Trends, trends
 from .governance.trends import since as trend_start
-from .ingest.bulk import Provenance, import_rows
+from .ingest.bulk import Checked, Provenance, checked_rows, write_checked
 from .ingest.importers import AclFromMetadata, AclManifest, Collected, ImportReport, run_import
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport, read_sync_file
 from .ingest.pipeline import IngestReport, count_inputs, held_apart, iter_sources, run_ingest
@@ -552,18 +552,22 @@ class Warehouse:
 
         came = Provenance(model=model, origin=origin, tenant=tenant, classification=classification)
 
-        def ingest(chunk: list[Collected], chunk_tags: list[dict[str, Any]]) -> IngestReport:
-            def write() -> IngestReport:
-                return import_rows(chunk, chunk_tags, came, doors=self._writes, embedder=self.embedder,
-                                   overlap=self.settings.chunk_overlap, batch=self.settings.import_batch_rows,
-                                   maintain=self.settings.ingest_maintenance)  # fmt: skip
+        def prepare(chunk: list[Collected], chunk_tags: list[dict[str, Any]]) -> Checked:
+            return checked_rows(chunk, chunk_tags, came, warehouse_model=self.embedder.model_id,
+                                dimension=self.store.chunks.dimension)  # fmt: skip
 
-            sources = [f"doc:{row.id}" for row in chunk]
+        def ingest(checked: Checked) -> IngestReport:
+            def write() -> IngestReport:
+                return write_checked(checked, came, doors=self._writes, embedder=self.embedder,
+                                     overlap=self.settings.chunk_overlap, batch=self.settings.import_batch_rows,
+                                     maintain=self.settings.ingest_maintenance)  # fmt: skip
+
+            sources = [f"doc:{doc_id}" for doc_id in checked.asked]
             return self._gate.run(Operation.INGEST, None, Need.GRANT, lambda _: self._written_by(write, sources), _ingested,
                                   touched=_written)  # fmt: skip
 
         with held_apart():  # the rows read are not traversed by every collection
-            return run_import(ingest, rows, tags=tags, total=total, progress=progress,
+            return run_import(prepare, ingest, rows, tags=tags, total=total, progress=progress,
                               chunk_rows=self.settings.import_batch_rows)  # fmt: skip
 
     def _run(

@@ -56,6 +56,7 @@ class Checked:
     origins: list[str] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)  # each row's place in the chunk, to take its vector
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    asked: list[str] = field(default_factory=list)  # every row's id, as given: the sources the run reads
     rejected: list[Rejected] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
 
@@ -128,6 +129,7 @@ def checked_rows(
         checked.origins.append(where)
         checked.positions.append(n)
     checked.vectors = vectors
+    checked.asked = [str(row.id) for row in rows]
     return checked
 
 
@@ -249,9 +251,9 @@ def _commit_new(checked: Checked, part: list[int], *, doors: WriteDoors, writer:
         "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
         **{name: tag_column(name, schema) for name in columns[0] if name in schema.names},
         "parents": pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32)), pa.array(ids, pa.string())),
-        "created_at": pa.array([now] * count, schema.field("created_at").type),
+        "created_at": pa.repeat(pa.scalar(now, schema.field("created_at").type), count),
         "metadata": [checked.metadata_json[n] for n in part],
-        **{name: pa.array([value] * count, schema.field(name).type) for name, value in constant.items()},
+        **{name: pa.repeat(pa.scalar(value, schema.field(name).type), count) for name, value in constant.items()},
     }  # fmt: skip
     table = pa.table({name: chunks[name] for name in schema.names if name in chunks}).cast(
         pa.schema([schema.field(name) for name in schema.names if name in chunks])
@@ -276,8 +278,8 @@ def _commit_new(checked: Checked, part: list[int], *, doors: WriteDoors, writer:
         "tags_fingerprint": pa.array([tags.fingerprint() for tags in sets], pa.string()).take(which),
         **{name: tag_column(name, schema) for name in columns[0] if name != "tenant"},  # (the sources' own types: cast there)
         "chunk_count": pa.array(np.ones(count, np.int32)), "metadata": [checked.metadata_json[n] for n in part],
-        "ingest_run_id": pa.array([run_id] * count, pa.string()),
-        "ingested_at": pa.array([now] * count, schema.field("created_at").type),
+        "ingest_run_id": pa.repeat(pa.scalar(run_id, pa.string()), count),
+        "ingested_at": pa.repeat(pa.scalar(now, schema.field("created_at").type), count),
     }  # fmt: skip
     written = pa.table(sources)
     doors.sources.record(written.filter(mask) if mask is not None else written, chunks_version=version, insert=True)
@@ -285,15 +287,13 @@ def _commit_new(checked: Checked, part: list[int], *, doors: WriteDoors, writer:
 
 
 
-def import_rows(
-    rows: Sequence[Collected], tags: Sequence[Mapping[str, Any]], came: Provenance, *, doors: WriteDoors, embedder: Any,
-    overlap: int, batch: int, maintain: bool,
-) -> IngestReport:  # fmt: skip
-    """One ingest run of ``rows`` (``checked_rows``): documents new to the warehouse written as
-    columns (``write_new``), those it holds or has erased through the document writer
-    (``run_ingest``: changed, unchanged or refused as any ingest decides)."""
+def write_checked(checked: Checked, came: Provenance, *, doors: WriteDoors, embedder: Any, overlap: int, batch: int,
+                  maintain: bool) -> IngestReport:  # fmt: skip
+    """One ingest run of rows checked by ``checked_rows``: documents new to the warehouse written
+    as columns (``write_new``), those it holds or has erased through the document writer
+    (``run_ingest``: changed, unchanged or refused as any ingest decides). Which are new is read
+    here, at the write, so rows checked while another batch was being written see its documents."""
     started = time.perf_counter()
-    checked = checked_rows(rows, tags, came, warehouse_model=embedder.model_id, dimension=doors.chunks.dimension)
     model = came.model
     keys = checked.keys()
     held, erased = doors.sources.states(keys), doors.erasures.of(keys)

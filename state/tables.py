@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 
 import lancedb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import RagwardenError, WarehouseError
 from ..governance.sql import sql_documents, sql_in_list
@@ -271,27 +270,35 @@ def rows_where_in(table: Any, column: str, values: Iterable[str], columns: list[
 
 def documents_rows(table: Any, keys: Iterable[tuple[str, str]], columns: list[str]) -> list[dict[str, Any]]:
     """Rows of the documents ``keys`` ((tenant, doc id), quoted as data); a key holding a NUL
-    matches nothing."""
+    matches nothing. Used on the small-columned tables (sources, erasures), never on chunks."""
     wanted = {(t, d) for t, d in keys if "\x00" not in t and "\x00" not in d}
-    if len(wanted) > MANY_KEYS:
-        wanted = _held_of(table, wanted)
     if not wanted:
         return []
+    if len(wanted) > MANY_KEYS:
+        return _joined(table, wanted, columns)
     return table.search().where(sql_documents(wanted)).select(columns).limit(None).to_list()
 
 
 MANY_KEYS = 2_000
-"""Above this many documents asked for, the keys the table holds are read first (two columns) and
-only those asked for are then read: a filter of 100,000 quoted pairs took seconds to write and to
-run on a 1M-row table, where reading its keys takes a fraction of one."""
+"""Above this many documents asked for, the table's columns asked for are scanned and joined with
+the keys in Arrow: a filter of 100,000 quoted pairs took seconds to write and to run on a 1M-row
+table (10 s of a 1M-row import), where the scan and the join take a tenth of one."""
 
 
-def _held_of(table: Any, wanted: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Those of ``wanted`` that ``table`` holds a row of."""
-    held = table.search().select(["tenant", "doc_id"]).limit(None).to_arrow()
-    if not held.num_rows:
-        return set()
-    joined = pc.binary_join_element_wise(held.column("tenant"), held.column("doc_id"), "\x00")
-    present = pc.is_in(joined, value_set=pa.array([f"{t}\x00{d}" for t, d in wanted], pa.string()))
-    found = held.filter(present)
-    return set(zip(found.column("tenant").to_pylist(), found.column("doc_id").to_pylist(), strict=True))
+def _joined(table: Any, wanted: set[tuple[str, str]], columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``table`` whose (tenant, doc_id) is one of ``wanted``, with ``columns``: the two
+    key columns scanned and joined with ``wanted`` first (an import asks for 100,000 documents the
+    table mostly does not hold), then the other columns only if they are needed."""
+    dataset = table.to_lance()
+    held = dataset.to_table(columns=["tenant", "doc_id"])
+    asked = pa.table({"tenant": [t for t, _ in wanted], "doc_id": [d for _, d in wanted]}, schema=held.schema)
+    found = held.join(asked, keys=["tenant", "doc_id"], join_type="left semi")
+    if not found.num_rows:
+        return []
+    if set(columns) <= {"tenant", "doc_id"}:
+        return found.select(columns).to_pylist()
+    if found.num_rows <= MANY_KEYS:
+        present = set(zip(found.column("tenant").to_pylist(), found.column("doc_id").to_pylist(), strict=True))
+        return table.search().where(sql_documents(present)).select(columns).limit(None).to_list()
+    read = dataset.to_table(columns=sorted({*columns, "tenant", "doc_id"}))
+    return read.join(found, keys=["tenant", "doc_id"], join_type="left semi").select(columns).to_pylist()

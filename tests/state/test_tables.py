@@ -110,3 +110,22 @@ def test_compaction_leaves_a_full_file_alone_so_the_log_is_never_rewritten_whole
     table.compact()
     assert full in files() and sorted(files().values()) == [4, 4]  # the full file kept, the new four merged
     assert log.verify().ok
+
+
+@pytest.mark.parametrize("many", [0, 4, 10_000], ids=["keys joined, then columns joined", "keys joined, then asked", "asked"])
+def test_documents_asked_for_in_any_number_are_the_rows_a_filter_finds(
+    small_warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch, many: int
+) -> None:
+    """Above ``MANY_KEYS`` keys the table's keys are scanned and joined in Arrow, then the columns
+    (or, for few found, asked by filter); every way gives what the filter gives, absent keys and
+    keys holding quotes or NUL included."""
+    sources = raw_table(small_warehouse.store, "sources")
+    held = [(row["tenant"], row["doc_id"]) for row in sources.to_arrow().to_pylist()]
+    asked = [*held, ("acme", "absent"), ("acme", "o'brien"), ("acme", "nul\x00"), ("globex", held[0][1])]
+    columns = ["tenant", "doc_id", "doc_version", "metadata"]
+    expected = tables.documents_rows(sources, asked, columns)
+    monkeypatch.setattr(tables, "MANY_KEYS", many)
+    found = tables.documents_rows(sources, asked, columns)
+    assert sorted(found, key=lambda r: (r["tenant"], r["doc_id"])) == sorted(expected, key=lambda r: (r["tenant"], r["doc_id"]))
+    assert {(r["tenant"], r["doc_id"]) for r in found} == set(held) and len(held) == 3
+    assert tables.documents_rows(sources, [("acme", "absent"), ("nowhere", "x")], columns) == []
