@@ -17,7 +17,7 @@ For each mode (vector, fts, hybrid):
 
 p50 and p99 of each, and every hit checked against an oracle computed apart from the search path
 (a row is readable when its group is one of the caller's; the writer's rows name their group in
-their id): a hit outside it is a leak. Targets (#34): at 1M rows, ``first`` p99 <= 50 ms and
+their id): a hit outside it is a leak. Targets: at 1M rows, ``first`` p99 <= 50 ms and
 ``churn`` p99 <= 3x ``warm`` p50 in every mode; 0 leaks; and, in this process over the same
 world (``reader_work``), the bytes a replica holds per 1M rows (index, tags, terms) and the time a
 commit of 100 rows (an append, a re-tag) costs each reader: <= 20 ms. Writes ``churn-ROWS.json``.
