@@ -14,7 +14,7 @@ erasure refuses, exactly as for any ingest.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -38,8 +38,6 @@ from .records import (
     text_problem,
 )
 from .writer import DocumentWriter, Overrides, chunk_id
-
-TAG_KEY_FIELDS = ("tenant", "allow", "deny", "labels", "classification")
 
 
 @dataclass(kw_only=True)
@@ -93,7 +91,6 @@ def checked_rows(
     id refused, empty text skipped. The vectors are checked together."""
     checked = Checked()
     vectors, vector_faults = _vectors(rows, came.model, warehouse_model=warehouse_model, dimension=dimension)
-    parsed: dict[Hashable, GovernanceTags] = {}
     first_seen: dict[DocumentKey, str] = {}
     for n, (row, given) in enumerate(zip(rows, tags, strict=True)):
         where = f"record {n + 1} (id {row.id!r})"
@@ -104,7 +101,7 @@ def checked_rows(
         except ValueError as exc:
             problems.append(str(exc))
         try:
-            governance = _tags(given, tenant=came.tenant, classification=came.classification, parsed=parsed)
+            governance = _tags(given, tenant=came.tenant, classification=came.classification)
         except ValueError as exc:
             problems.append(str(exc))
         if vector_faults[n]:
@@ -165,35 +162,12 @@ def _vectors(rows: Sequence[Collected], model: str, *, warehouse_model: str, dim
     return kept, faults
 
 
-def _tags(given: Mapping[str, Any], *, tenant: str | None, classification: str | None,
-          parsed: dict[Hashable, GovernanceTags]) -> GovernanceTags:  # fmt: skip
-    """A row's tags, parsed once per distinct tag set of the chunk (ValueError naming the fault)."""
+def _tags(given: Mapping[str, Any], *, tenant: str | None, classification: str | None) -> GovernanceTags:
+    """A row's tags, as its record's would be (``parse_tags`` keeps each distinct set parsed once);
+    ValueError naming the fault."""
     fields = {"tenant": tenant, **tag_fields(given, classification=classification)}
-    acl = fields.get("acl")
-    key = _tag_key({"tenant": fields.get("tenant"), "allow": acl.get("allow") if acl else None,
-                    "deny": acl.get("deny") if acl else None, "labels": fields.get("labels"),
-                    "classification": fields.get("classification")}, has_acl=acl is not None)  # fmt: skip
-    if key is not None and key in parsed:
-        return parsed[key]
-    made = parse_tags(tenant=fields.get("tenant"), acl=acl, labels=fields.get("labels"), classification=fields.get("classification"))
-    if key is not None:
-        parsed[key] = made
-    return made
-
-
-def _tag_key(fields: Mapping[str, Any], *, has_acl: bool) -> Hashable | None:
-    """A key for tags made only of text and lists of text (what nearly every row holds); None for
-    anything else, which is then parsed on its own (a key must never make two values one)."""
-    parts: list[Any] = [has_acl]
-    for name in TAG_KEY_FIELDS:
-        value = fields.get(name)
-        if value is None or type(value) is str:
-            parts.append(value)
-        elif type(value) is list and all(type(item) is str for item in value):
-            parts.append(tuple(value))
-        else:
-            return None
-    return tuple(parts)
+    return parse_tags(tenant=fields["tenant"], acl=fields.get("acl"), labels=fields.get("labels"),
+                      classification=fields.get("classification"))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

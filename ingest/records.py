@@ -125,7 +125,7 @@ def parse_tags(*, tenant: object, acl: object, labels: object, classification: o
     """A source's governance from its JSON fields (or an ``Acl`` a reader typed); ValueError says
     everything that is wrong, at once (fail closed: nothing is defaulted). Tags parsed once are
     kept by their fields' value (``TAG_SETS_KEPT``); a refusal is never kept."""
-    key = _frozen((tenant, acl, labels, classification))
+    key = _plain_key(tenant, acl, labels, classification) or _frozen((tenant, acl, labels, classification))
     tags = _parsed.get(key)
     if tags is None:
         tags = _parse_tags(tenant=tenant, acl=acl, labels=labels, classification=classification)
@@ -133,6 +133,30 @@ def parse_tags(*, tenant: object, acl: object, labels: object, classification: o
             _parsed.clear()
         _parsed[key] = tags
     return tags
+
+
+def _plain_key(tenant: object, acl: object, labels: object, classification: object) -> Hashable | None:
+    """The key of tags made only of text, lists of text and an acl object of them (what nearly
+    every record and imported row holds), worked out without ``_frozen``'s walk (a fifth of an
+    import's checking); None for anything else. Its first element keeps it apart from every
+    ``_frozen`` key."""
+    if not (_text_or_none(tenant) and _text_or_none(classification) and (labels is None or _texts(labels))):
+        return None
+    if acl is None:
+        held = None
+    elif type(acl) is dict and set(acl) <= {"allow", "deny"} and all(_texts(v) for v in acl.values()):
+        held = tuple(sorted((name, tuple(value)) for name, value in acl.items()))
+    else:
+        return None
+    return ("plain", tenant, held, None if labels is None else tuple(labels), classification)
+
+
+def _text_or_none(value: object) -> bool:
+    return value is None or type(value) is str
+
+
+def _texts(value: object) -> bool:
+    return type(value) is list and all(type(item) is str for item in value)
 
 
 def _frozen(value: object) -> Hashable:

@@ -141,3 +141,35 @@ def test_one_tag_set_is_parsed_once_however_many_records_carry_it(
     report = demo_policy_warehouse.ingest_records([*same, *wrong])
     assert report.documents == 40 and len(report.rejected) == 3, "a refusal is said for every record, never kept"
     assert len(parsed) == 1 + 3
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"labels": ["1"]}, {"labels": "1"}),  # a list of text and the text alone
+        ({"labels": ["finance"]}, {"labels": ("finance",)}),  # a list and a tuple: kept by value, as ever
+        ({"tenant": "1"}, {"tenant": 1}),
+        ({"classification": "internal"}, {"classification": 1}),
+        ({"acl": {"allow": ["a"]}}, {"acl": {"allow": ["a"], "deny": []}}),
+        ({"acl": {"allow": ["a"]}}, {"acl": {"allow": "a"}}),
+    ],
+)
+def test_tags_kept_by_value_keep_every_type_apart(monkeypatch: pytest.MonkeyPatch, first: dict[str, Any], second: dict[str, Any]) -> None:
+    """A tag set's cached parse answers only for a set of the same value and types: the second,
+    parsed after the first, is parsed (accepted or refused) as if it were the only one."""
+    from ragwarden.ingest import records as parsing
+
+    base = {"tenant": "acme", "acl": {"allow": ["group:eng"]}, "labels": [], "classification": "internal"}
+
+    def outcome(fields: dict[str, Any]) -> object:
+        try:
+            tags = parsing.parse_tags(**{**base, **fields})
+        except ValueError as exc:
+            return str(exc)
+        return (tags.tenant, tags.row_columns(), tags.fingerprint())
+
+    monkeypatch.setattr(parsing, "_parsed", {})
+    alone = outcome(second)
+    monkeypatch.setattr(parsing, "_parsed", {})
+    outcome(first)
+    assert outcome(second) == alone
