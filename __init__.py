@@ -29,7 +29,7 @@ from .governance.explain import Explanation
 from .governance.operations import Operation
 from .governance.policy import Decision, Policy
 from .governance.tags import Classification, GovernanceTags
-from .ingest.importers import AclFromMetadata, AclManifest, Collected, ImportReport
+from .ingest.importers import AclFromMetadata, AclManifest, Collected, CollectedBatch, ImportReport
 from .ingest.lifecycle import DerivedRow, ForgetReport, SyncReport
 from .ingest.pipeline import IngestReport
 from .ingest.records import Rejected, Skipped
@@ -50,6 +50,7 @@ __all__ = [
     "ChainReport",
     "Classification",
     "Collected",
+    "CollectedBatch",
     "ConfigurationError",
     "ContextManifest",
     "DeadlineExceededError",

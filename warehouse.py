@@ -42,7 +42,7 @@ from .governance.policy import Policy, parse_rules, tenants_of
 from .governance.trends import Trends, trends
 from .governance.trends import since as trend_start
 from .ingest.bulk import Checked, Provenance, checked_rows, write_checked
-from .ingest.importers import AclFromMetadata, AclManifest, Collected, ImportReport, run_import
+from .ingest.importers import AclFromMetadata, AclManifest, Collected, CollectedBatch, ImportReport, run_import
 from .ingest.lifecycle import DerivedRow, ForgetReport, Lifecycle, SyncReport, read_sync_file
 from .ingest.pipeline import IngestReport, count_inputs, held_apart, iter_sources, run_ingest
 from .ingest.records import confined_outcomes
@@ -532,7 +532,7 @@ class Warehouse:
 
     def import_collection(
         self,
-        rows: Iterable[Collected],
+        rows: Iterable[Collected] | Iterable[CollectedBatch],
         *,
         tags: AclFromMetadata | AclManifest,
         model: str,
@@ -552,9 +552,8 @@ class Warehouse:
 
         came = Provenance(model=model, origin=origin, tenant=tenant, classification=classification)
 
-        def prepare(chunk: list[Collected], chunk_tags: list[dict[str, Any]]) -> Checked:
-            return checked_rows(chunk, chunk_tags, came, warehouse_model=self.embedder.model_id,
-                                dimension=self.store.chunks.dimension)  # fmt: skip
+        def prepare(chunk: CollectedBatch) -> Checked:
+            return checked_rows(chunk, tags, came, warehouse_model=self.embedder.model_id, dimension=self.store.chunks.dimension)
 
         def ingest(checked: Checked) -> IngestReport:
             def write() -> IngestReport:
@@ -567,8 +566,7 @@ class Warehouse:
                                   touched=_written)  # fmt: skip
 
         with held_apart():  # the rows read are not traversed by every collection
-            return run_import(prepare, ingest, rows, tags=tags, total=total, progress=progress,
-                              chunk_rows=self.settings.import_batch_rows)  # fmt: skip
+            return run_import(prepare, ingest, rows, total=total, progress=progress, chunk_rows=self.settings.import_batch_rows)
 
     def _run(
         self, outcomes: Iterable[Any], progress: bool | None, sources: list[str], engine: IngestEngineName = "local",

@@ -18,6 +18,7 @@ from ..ingest.importers import (
     AclFromMetadata,
     AclManifest,
     Collected,
+    CollectedBatch,
     ImportReport,
     chroma_model,
     chroma_rows,
@@ -123,7 +124,7 @@ def faiss_langchain(folder: str, acl_spec: str | None, manifest: Path | None, te
 
 
 def _imported(
-    settings: Settings, read: Callable[[], tuple[int, Iterator[Collected]]], *, model: str | None,
+    settings: Settings, read: Callable[[], tuple[int, Iterator[Collected] | Iterator[CollectedBatch]]], *, model: str | None,
     recorded: Callable[[], str | None], what: str, origin: str, acl_spec: str | None, manifest: Path | None,
     tenant: str | None, classification: str | None, as_json: bool,
 ) -> None:  # fmt: skip

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ..governance.tags import GovernanceTags
 from ..state import ChunkWrite, DocumentKey, WriteDoors
-from .importers import Collected, json_ready, tag_fields
+from .importers import AclFromMetadata, AclManifest, CollectedBatch, json_ready, tag_fields
 from .pipeline import IngestReport, repeated_id, run_ingest, vector_refusal
 from .records import (
     Rejected,
@@ -51,7 +51,6 @@ class Checked:
     metadata: list[dict[str, Any]] = field(default_factory=list)
     metadata_json: list[str] = field(default_factory=list)
     uris: list[str] = field(default_factory=list)
-    origins: list[str] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)  # each row's place in the chunk, to take its vector
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     asked: list[str] = field(default_factory=list)  # every row's id, as given: the sources the run reads
@@ -66,7 +65,7 @@ class Checked:
         vector = self.vectors[self.positions[n]]
         vector.flags.writeable = False
         made = SourceRecord(doc_id=self.ids[n], text=self.texts[n], tags=self.tags[n], uri=self.uris[n],
-                            origin=self.origins[n], metadata=self.metadata[n], vector=vector, model=model)  # fmt: skip
+                            origin=_where(self.positions[n], self.ids[n]), metadata=self.metadata[n], vector=vector, model=model)  # fmt: skip
         made.__dict__["metadata_json"] = self.metadata_json[n]  # the cached property, from the check that made it
         return made
 
@@ -84,62 +83,80 @@ class Provenance:
 
 
 def checked_rows(
-    rows: Sequence[Collected], tags: Sequence[Mapping[str, Any]], came: Provenance, *, warehouse_model: str, dimension: int
+    batch: CollectedBatch, tags: AclFromMetadata | AclManifest, came: Provenance, *, warehouse_model: str, dimension: int
 ) -> Checked:
-    """``rows`` (each with its ``tags``) checked as ``ingest_records`` checks the records
-    ``importers.as_record`` makes of them: every fault of a row named at once, a second row of one
-    id refused, empty text skipped. The vectors are checked together."""
+    """``batch``'s rows (each with the tags ``tags`` gives it) checked as ``ingest_records`` checks
+    the records ``importers.as_record`` makes of them: every fault of a row named at once, a second
+    row of one id refused, empty text skipped. The vectors are checked together, and each
+    distinct tag set is parsed once."""
     checked = Checked()
-    vectors, vector_faults = _vectors(rows, came.model, warehouse_model=warehouse_model, dimension=dimension)
-    first_seen: dict[DocumentKey, str] = {}
-    for n, (row, given) in enumerate(zip(rows, tags, strict=True)):
-        where = f"record {n + 1} (id {row.id!r})"
-        problems = [problem for problem in (id_problem(row.id), text_problem(row.text)) if problem]
-        metadata = json_ready(row.metadata)
+    vectors, vector_faults = _vectors(batch.vectors, came.model, warehouse_model=warehouse_model, dimension=dimension)
+    given, which = tags.grouped(batch)
+    governed = [_tags_or_fault(fields, came) for fields in given]
+    plain = batch.columns is not None and all(_plain_json(kind) for kind in batch.columns.schema.types)
+    first_seen: dict[DocumentKey, int] = {}
+    for n, (row_id, text, raw, place) in enumerate(zip(batch.ids, batch.texts, batch.metadata_rows, which, strict=True)):
+        problems = [problem for problem in (id_problem(row_id), text_problem(text)) if problem]
+        metadata = raw if plain else json_ready(raw)  # what Arrow gives of plain columns is JSON as it is
         try:
             stored = check_metadata(metadata)
         except ValueError as exc:
             problems.append(str(exc))
-        try:
-            governance = _tags(given, tenant=came.tenant, classification=came.classification)
-        except ValueError as exc:
-            problems.append(str(exc))
+        governance = governed[place]
+        if isinstance(governance, str):
+            problems.append(governance)
         if vector_faults[n]:
             problems.append(vector_faults[n])
         if problems:
-            checked.rejected.append(Rejected(source=where, reason="; ".join(problems)))
+            checked.rejected.append(Rejected(source=_where(n, row_id), reason="; ".join(problems)))
             continue
-        if not row.text.strip():
-            checked.skipped.append(Skipped(source=where, reason="empty text"))
+        if not text.strip():
+            checked.skipped.append(Skipped(source=_where(n, row_id), reason="empty text"))
             continue
-        key = (governance.tenant, row.id)
+        key = (governance.tenant, row_id)  # type: ignore[union-attr]
         if key in first_seen:
-            checked.rejected.append(Rejected(source=where, reason=repeated_id(row.id, first_seen[key])))
+            checked.rejected.append(Rejected(source=_where(n, row_id), reason=repeated_id(row_id, _where(first_seen[key], row_id))))
             continue
-        first_seen[key] = where
-        checked.ids.append(row.id)
-        checked.texts.append(row.text)
-        checked.tags.append(governance)
+        first_seen[key] = n
+        checked.ids.append(row_id)
+        checked.texts.append(text)
+        checked.tags.append(governance)  # type: ignore[arg-type]
         checked.metadata.append(metadata)
         checked.metadata_json.append(stored)
-        checked.uris.append(f"{came.origin}#{row.id}")
-        checked.origins.append(where)
+        checked.uris.append(f"{came.origin}#{row_id}")
         checked.positions.append(n)
     checked.vectors = vectors
-    checked.asked = [str(row.id) for row in rows]
+    checked.asked = [str(row_id) for row_id in batch.ids]
     return checked
 
 
-def _vectors(rows: Sequence[Collected], model: str, *, warehouse_model: str, dimension: int) -> tuple[np.ndarray, list[str | None]]:
+def _where(n: int, row_id: object) -> str:
+    """How a row is named in a refusal, as ``ingest_records`` names the record it makes."""
+    return f"record {n + 1} (id {row_id!r})"
+
+
+def _plain_json(kind: pa.DataType) -> bool:
+    """Whether what Arrow gives of a column of ``kind`` is already as JSON holds it (text,
+    numbers, truth values, lists of them): then a row's metadata needs no walk."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _plain_json(kind.value_type)
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+            or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_null(kind))  # fmt: skip
+
+
+def _vectors(given: np.ndarray | Sequence[Any], model: str, *, warehouse_model: str, dimension: int) -> tuple[np.ndarray, list[str | None]]:
     """Every row's vector as one float32 array, and each row's fault (None: none). The model, the
     dimension, finite numbers and a direction are checked for all rows at once; a row that fails
     is checked alone, so its fault is named as a record's would be."""
-    faults: list[str | None] = [None] * len(rows)
+    faults: list[str | None] = [None] * len(given)
     shared = vector_refusal(model, dimension, warehouse_model=warehouse_model, dimension=dimension)
-    try:
-        stacked = np.stack([np.asarray(row.vector) for row in rows]) if rows else np.zeros((0, dimension), np.float32)
-    except ValueError:  # rows of different lengths
-        stacked = None
+    if isinstance(given, np.ndarray) and given.ndim == 2:
+        stacked: np.ndarray | None = given
+    else:
+        try:
+            stacked = np.stack([np.asarray(vector) for vector in given]) if len(given) else np.zeros((0, dimension), np.float32)
+        except ValueError:  # rows of different lengths
+            stacked = None
     if stacked is not None and stacked.ndim == 2 and stacked.dtype.kind in "fiu":
         with np.errstate(over="ignore", invalid="ignore"):
             kept = stacked.astype(np.float32)
@@ -147,10 +164,10 @@ def _vectors(rows: Sequence[Collected], model: str, *, warehouse_model: str, dim
         if stacked.shape[1] != dimension:
             shared = vector_refusal(model, stacked.shape[1], warehouse_model=warehouse_model, dimension=dimension)
     else:
-        kept, fine = np.zeros((len(rows), dimension), np.float32), np.zeros(len(rows), dtype=bool)
+        kept, fine = np.zeros((len(given), dimension), np.float32), np.zeros(len(given), dtype=bool)
     for n in np.flatnonzero(~fine).tolist():
         try:
-            vector = checked_vector(rows[n].vector, model)
+            vector = checked_vector(given[n], model)
         except ValueError as exc:
             faults[n] = str(exc)
             continue
@@ -160,6 +177,14 @@ def _vectors(rows: Sequence[Collected], model: str, *, warehouse_model: str, dim
     if shared is not None:
         faults = [fault or shared for fault in faults]
     return kept, faults
+
+
+def _tags_or_fault(given: Mapping[str, Any], came: Provenance) -> GovernanceTags | str:
+    """A row's tags, as its record's would be, or the fault that refuses them."""
+    try:
+        return _tags(given, tenant=came.tenant, classification=came.classification)
+    except ValueError as exc:
+        return str(exc)
 
 
 def _tags(given: Mapping[str, Any], *, tenant: str | None, classification: str | None) -> GovernanceTags:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from datetime import time as dt_time
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,6 +48,64 @@ class Collected:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CollectedBatch:
+    """Rows of a collection read together: ids and texts in parallel lists, the vectors as one
+    array when the store holds them so, and the metadata either row by row or, as a columnar
+    store keeps it, as one Arrow table (a column per key). From the columns a mapping finds the
+    few distinct tag sets of a batch without reading each row's values in Python; each row's
+    metadata is made from those same columns, so the two never disagree."""
+
+    ids: Sequence[Any]
+    texts: Sequence[Any]
+    vectors: np.ndarray | Sequence[Any]
+    metadata: Sequence[Mapping[str, Any]] | pa.Table
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def columns(self) -> pa.Table | None:
+        """The metadata as Arrow columns, when it came so."""
+        return self.metadata if isinstance(self.metadata, pa.Table) else None
+
+    @cached_property
+    def metadata_rows(self) -> Sequence[Mapping[str, Any]]:
+        """Each row's metadata."""
+        return self.metadata.to_pylist() if isinstance(self.metadata, pa.Table) else self.metadata
+
+    def row(self, n: int) -> Collected:
+        return Collected(id=self.ids[n], text=self.texts[n], vector=self.vectors[n], metadata=self.metadata_rows[n])
+
+    def rows(self) -> list[Collected]:
+        return [self.row(n) for n in range(len(self))]
+
+    def part(self, start: int, stop: int) -> CollectedBatch:
+        """Rows ``start`` to ``stop`` (not included)."""
+        metadata = self.metadata.slice(start, stop - start) if isinstance(self.metadata, pa.Table) else self.metadata[start:stop]
+        return CollectedBatch(ids=self.ids[start:stop], texts=self.texts[start:stop], vectors=self.vectors[start:stop],
+                              metadata=metadata)  # fmt: skip
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[Collected]) -> CollectedBatch:
+        """Rows read one at a time, as a batch."""
+        return cls(ids=[row.id for row in rows], texts=[row.text for row in rows], vectors=[row.vector for row in rows],
+                   metadata=[row.metadata for row in rows])  # fmt: skip
+
+    @classmethod
+    def joined(cls, batches: Sequence[CollectedBatch]) -> CollectedBatch:
+        """``batches`` as one (the metadata kept as columns when every batch has columns of one schema)."""
+        if len(batches) == 1:
+            return batches[0]
+        vectors = [batch.vectors for batch in batches]
+        arrays = all(isinstance(v, np.ndarray) and v.ndim == 2 for v in vectors) and len({v.shape[1] for v in vectors}) == 1  # type: ignore[union-attr]
+        tables = [batch.columns for batch in batches]
+        same = all(t is not None and t.schema == tables[0].schema for t in tables)  # type: ignore[union-attr]
+        return cls(ids=[i for batch in batches for i in batch.ids], texts=[t for batch in batches for t in batch.texts],
+                   vectors=np.concatenate(vectors) if arrays else [v for part in vectors for v in part],
+                   metadata=pa.concat_tables(tables) if same else [m for batch in batches for m in batch.metadata_rows])  # type: ignore[arg-type]  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
 class AclFromMetadata:
     """Which metadata key holds each tag: ``allow=owner_groups,labels=tags,classification=level``.
     A list value is taken as it is; a text value is split at commas (Chroma keeps scalars)."""
@@ -70,6 +129,24 @@ class AclFromMetadata:
     def tags_of(self, row: Collected) -> dict[str, Any]:
         """The tag fields ``row``'s metadata gives (a missing key gives none: the row is then refused)."""
         return self.of_metadata(row.metadata)
+
+    def grouped(self, batch: CollectedBatch) -> tuple[list[dict[str, Any]], list[int]]:
+        """The distinct tag fields of ``batch``'s rows, and each row's place among them. A batch
+        with Arrow columns is grouped by the values of the keys this mapping reads, when each is
+        text or a list of text (equal values there give equal tags); otherwise each row is its own."""
+        keys = _column_keys(batch.columns, list(self.keys.values()))
+        if keys is None:
+            return [self.of_metadata(metadata) for metadata in batch.metadata_rows], list(range(len(batch)))
+        places: dict[Hashable, int] = {}
+        found: list[dict[str, Any]] = []
+        which: list[int] = []
+        for n, key in enumerate(keys if keys else [()] * len(batch)):
+            place = places.get(key)
+            if place is None:
+                place = places[key] = len(found)
+                found.append(self.of_metadata(batch.metadata_rows[n]))
+            which.append(place)
+        return found, which
 
     def of_metadata(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
         """The tag fields ``metadata`` gives, read from the keys this mapping names."""
@@ -116,6 +193,34 @@ class AclManifest:
     def tags_of(self, row: Collected) -> dict[str, Any]:
         source = row.metadata.get("source")
         return dict(self.by_id.get(row.id) or (self.by_source.get(str(source), {}) if source is not None else {}))
+
+    def grouped(self, batch: CollectedBatch) -> tuple[list[dict[str, Any]], list[int]]:
+        """Each row's tag fields (by its id or its source), each row its own place."""
+        return [self.tags_of(batch.row(n)) for n in range(len(batch))], list(range(len(batch)))
+
+
+def _column_keys(columns: pa.Table | None, names: Sequence[str]) -> list[tuple[Any, ...]] | None:
+    """Each row's values of the columns ``names`` as one key, when every one holds text or lists
+    of text (one Arrow type per column: equal keys are equal values, never 1 and True); None
+    otherwise. A column the table lacks is a key no row has."""
+    if columns is None:
+        return None
+    values: list[list[Any]] = []
+    for name in dict.fromkeys(names):
+        if name not in columns.column_names:
+            continue
+        column = columns.column(name)
+        if _is_text(column.type):
+            values.append(column.to_pylist())
+        elif (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) and _is_text(column.type.value_type):
+            values.append([None if v is None else tuple(v) for v in column.to_pylist()])
+        else:
+            return None
+    return list(zip(*values, strict=True))
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def as_record(row: Collected, tags: Mapping[str, Any], *, tenant: str | None, classification: str | None, model: str,
@@ -185,28 +290,27 @@ class ImportReport:
 
 
 def run_import(
-    prepare: Callable[[list[Collected], list[dict[str, Any]]], T],
+    prepare: Callable[[CollectedBatch], T],
     ingest: Callable[[T], Any],
-    rows: Iterable[Collected],
+    rows: Iterable[Collected] | Iterable[CollectedBatch],
     *,
-    tags: AclFromMetadata | AclManifest,
     total: int | None,
     progress: bool | None,
     chunk_rows: int,
 ) -> ImportReport:
-    """``rows``, each with its tags, ``chunk_rows`` at a time: each chunk ``prepare``d (read and
-    checked), then ``ingest``ed (one ingest run), as ``Warehouse.import_collection`` says. The next
-    chunk is read and prepared on a worker thread while one is ingested: checking is Python, and
-    a commit spends much of its time in storage, which lets the Python run beside it."""
+    """``rows`` (one at a time, or in batches), ``chunk_rows`` at a time: each chunk ``prepare``d
+    (read and checked), then ``ingest``ed (one ingest run), as ``Warehouse.import_collection``
+    says. The next chunk is read and prepared on a worker thread while one is ingested: checking
+    is Python, and a commit spends much of its time in storage, which lets the Python run beside it."""
     started = time.perf_counter()
     documents = unchanged = without_acl = 0
     rejected: list[tuple[str, str]] = []
-    chunks = _batched(rows, chunk_rows)
+    chunks = _chunked(rows, chunk_rows)
     show = sys.stderr.isatty() if progress is None else progress
 
     def ahead() -> tuple[int, T] | None:
         chunk = next(chunks, None)
-        return None if chunk is None else (len(chunk), prepare(chunk, [tags.tags_of(row) for row in chunk]))
+        return None if chunk is None else (len(chunk), prepare(chunk))
 
     with tqdm(total=total, unit="row", disable=not show, desc="import") as bar, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-ahead") as worker:  # fmt: skip
@@ -223,39 +327,60 @@ def run_import(
                         seconds=time.perf_counter() - started)  # fmt: skip
 
 
-def _batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """``items`` in lists of ``size`` (the last shorter)."""
-    chunk: list[T] = []
+def _chunked(items: Iterable[Collected] | Iterable[CollectedBatch], size: int) -> Iterator[CollectedBatch]:
+    """``items`` (rows, or batches of them) as batches of ``size`` rows (the last shorter)."""
+    held: list[CollectedBatch] = []
+    count = 0
+    for batch in _batches(items, size):
+        held.append(batch)
+        count += len(batch)
+        while count >= size:
+            whole = CollectedBatch.joined(held)
+            yield whole.part(0, size)
+            rest = whole.part(size, len(whole))
+            held, count = [rest] if len(rest) else [], len(rest)
+    if held:
+        yield CollectedBatch.joined(held)
+
+
+def _batches(items: Iterable[Collected] | Iterable[CollectedBatch], size: int) -> Iterator[CollectedBatch]:
+    """``items`` as batches: batches as they come, rows gathered ``size`` at a time."""
+    rows: list[Collected] = []
     for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+        if isinstance(item, CollectedBatch):
+            if rows:
+                yield CollectedBatch.of_rows(rows)
+                rows = []
+            yield item
+            continue
+        rows.append(item)
+        if len(rows) >= size:
+            yield CollectedBatch.of_rows(rows)
+            rows = []
+    if rows:
+        yield CollectedBatch.of_rows(rows)
 
 
 # -- LanceDB ---------------------------------------------------------------------------------
 
 
 def lancedb_rows(uri: str, table: str, *, id_column: str = "id", text_column: str = "text", vector_column: str = "vector",
-                 batch_rows: int = 10_000) -> tuple[int, Iterator[Collected]]:  # fmt: skip
-    """The rows of LanceDB table ``table`` at ``uri`` (their count, and the rows a batch at a
-    time); every other column is the row's metadata."""
+                 batch_rows: int = 10_000) -> tuple[int, Iterator[CollectedBatch]]:  # fmt: skip
+    """The rows of LanceDB table ``table`` at ``uri``: their count, and the rows ``batch_rows`` at
+    a time, as Arrow holds them; every other column is the row's metadata."""
     found = open_foreign(uri, table)
     missing = [c for c in (id_column, vector_column) if c not in found.columns]
     if missing:
         raise InvalidValueError(f"table {table!r} at {uri} has no column {', '.join(map(repr, missing))}; "
                                 f"it has {', '.join(found.columns)} (name them with --id-column, --vector-column)")  # fmt: skip
 
-    def rows() -> Iterator[Collected]:
+    def rows() -> Iterator[CollectedBatch]:
         for batch in found.batches(batch_rows):
-            vectors = _vectors(batch.column(vector_column), f"column {vector_column!r}")
             ids = batch.column(id_column).cast(pa.string()).to_pylist()
-            texts = batch.column(text_column).to_pylist() if text_column in batch.schema.names else [None] * len(ids)
-            rest = batch.drop_columns([c for c in (id_column, text_column, vector_column) if c in batch.schema.names]).to_pylist()
-            for number, (row_id, text, metadata) in enumerate(zip(ids, texts, rest, strict=True)):
-                yield Collected(id=row_id, text=text, vector=vectors[number], metadata=metadata)
+            rest = batch.drop_columns([c for c in (id_column, text_column, vector_column) if c in batch.schema.names])
+            yield CollectedBatch(ids=ids, vectors=_vectors(batch.column(vector_column), f"column {vector_column!r}"),
+                                 texts=batch.column(text_column).to_pylist() if text_column in batch.schema.names else [None] * len(ids),
+                                 metadata=pa.Table.from_batches([rest]))  # fmt: skip
 
     return found.rows, rows()
 

@@ -79,10 +79,24 @@ def location_dataset(uri: str) -> DatasetId:
 def source_dataset(ref: str) -> DatasetId:
     """The dataset of one source: an absolute path, a URI, or a bare document id (``doc:<id>``)."""
     if ref.startswith("doc:"):  # what location_dataset makes of it, without parsing it twice: records bring millions
-        return DatasetId("doc", ref[4:].removeprefix("//") or "/")
+        return DatasetId("doc", _doc_name(ref))
     if not urlsplit(ref).scheme and not os.path.isabs(ref):
         return DatasetId("doc", ref)
     return location_dataset(ref)
+
+
+def _doc_name(ref: str) -> str:
+    """The dataset name of a bare document id ``doc:<id>``."""
+    return ref[4:].removeprefix("//") or "/"
+
+
+def _source_key(ref: str) -> tuple[str, str]:
+    """``source_dataset(ref)`` as (namespace, name): counting a run's distinct sources builds no
+    dataset for each of its (up to millions of) documents."""
+    if ref.startswith("doc:"):
+        return ("doc", _doc_name(ref))
+    found = source_dataset(ref)
+    return (found.namespace, found.name)
 
 
 def table_dataset(warehouse_uri: str, table: str) -> DatasetId:
@@ -104,10 +118,10 @@ class LineageRun:
 
     @cached_property
     def _inputs(self) -> tuple[list[DatasetId], int]:
-        distinct = list(dict.fromkeys(source_dataset(ref) for ref in self.sources))
+        distinct = dict.fromkeys(map(_source_key, dict.fromkeys(self.sources)))
         if len(distinct) > MAX_LISTED_INPUTS:
             return [table_dataset(self.warehouse_uri, "sources")], len(distinct)
-        return distinct, len(distinct)
+        return [DatasetId(*key) for key in distinct], len(distinct)
 
     def inputs(self) -> tuple[list[DatasetId], int]:
         """The input datasets to list, and how many distinct sources there are in all (worked out

@@ -163,10 +163,13 @@ class GovernanceSummary:
         labels: Counter[str] = Counter()
         levels: Counter[str] = Counter()
         clauses: set[frozenset[str]] = set()
-        for tags in rows:
+        rows = list(rows)
+        held = dict(zip(map(id, rows), rows, strict=True))  # a run's rows share a few tag sets: each summed once
+        for place, times in Counter(map(id, rows)).items():
+            tags = held[place]
             tenants.add(tags.tenant)
-            labels.update(tags.labels)
-            levels[tags.classification.label] += 1
+            labels.update(dict.fromkeys(tags.labels, times))
+            levels[tags.classification.label] += times
             clauses.update(tags.acl_clauses)
         return cls(frozenset(tenants), labels, levels, len(clauses), documents, derived_rows)
 

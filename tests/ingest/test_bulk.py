@@ -10,13 +10,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import lancedb
 import numpy as np
+import pyarrow as pa
 import pytest
 from support.raw_tables import raw_table
 
 from ragwarden.config import Settings
 from ragwarden.embedder import MODEL_NAME, Embedder
-from ragwarden.ingest.importers import AclFromMetadata, Collected, as_record
+from ragwarden.ingest.importers import AclFromMetadata, Collected, CollectedBatch, as_record, lancedb_rows
 from ragwarden.warehouse import Warehouse
 
 TAGS = AclFromMetadata.parse("allow=owners,deny=blocked,labels=tags,classification=level")
@@ -91,3 +93,70 @@ def test_an_import_over_documents_the_warehouse_holds_decides_changed_and_unchan
     ingested.ingest_records([as_record(row, TAGS.tags_of(row), tenant="acme", classification=None, model=MODEL_NAME,
                                        origin="test:notes") for row in again])  # fmt: skip
     assert _tables(imported) == _tables(ingested)
+
+
+def arrow_collection(embedder: Embedder, tmp_path: Path) -> str:
+    """A LanceDB table of plain columns (text, lists of text, numbers, truth values) holding rows
+    of several tag sets and every fault a column can hold; its uri."""
+    texts = [f"{topic} note {i}" for i, topic in enumerate(["budget", "payroll", "hiring", "travel"] * 6)]
+    vectors = embedder.encode(texts)
+    owners = [["group:finance"], ["group:hr", "group:hr-managers"], ["group:staff"], ["group:finance", "group:staff"]]
+    rows = [{"id": f"n{i:02d}", "text": text, "vector": vectors[i], "owners": owners[i % 4],
+             "level": ["internal", "confidential"][i % 2], "tags": ["finance"] if i % 4 == 0 else [],
+             "blocked": "user:bob" if i % 3 == 0 else None, "page": i, "score": i / 7, "pinned": i % 5 == 0}
+            for i, text in enumerate(texts)]  # fmt: skip
+    faults = [
+        {**rows[0], "id": "no-acl", "owners": None}, {**rows[0], "id": "empty-acl", "owners": []},
+        {**rows[0], "id": "no-vector", "vector": None},
+        {**rows[0], "id": "zero", "vector": np.zeros(vectors.shape[1], np.float32)},
+        {**rows[0], "id": "bad level", "level": "secret"}, {**rows[0], "id": "nan score", "score": float("nan")},
+        {**rows[0], "id": ""}, {**rows[0], "id": "no-text", "text": None}, {**rows[0], "id": "empty", "text": "   "},
+        {**rows[3], "text": "the same id again"},
+    ]
+    table = pa.Table.from_pylist([*rows[:12], *faults, *rows[12:]], schema=pa.schema([
+        ("id", pa.string()), ("text", pa.string()), ("vector", pa.list_(pa.float32(), vectors.shape[1])),
+        ("owners", pa.list_(pa.string())), ("level", pa.string()), ("tags", pa.list_(pa.string())), ("blocked", pa.string()),
+        ("page", pa.int64()), ("score", pa.float64()), ("pinned", pa.bool_())]))  # fmt: skip
+    uri = str(tmp_path / "prototype")
+    lancedb.connect(uri).create_table("notes", table, on_bad_vectors="null")  # the row with no vector kept, as null
+    return uri
+
+
+def test_an_import_of_arrow_batches_writes_what_ingest_records_writes_for_their_rows(
+    two_warehouses: tuple[Warehouse, Warehouse], embedder: Embedder, tmp_path: Path
+) -> None:
+    imported, ingested = two_warehouses
+    uri = arrow_collection(embedder, tmp_path)
+    _, batches = lancedb_rows(uri, "notes", batch_rows=7)  # batches joined and split into chunks of the import's size
+    report = imported.import_collection(batches, tags=TAGS, model=MODEL_NAME, origin="test:notes", tenant="acme", progress=False)
+    _, again = lancedb_rows(uri, "notes")
+    rows = [row for batch in again for row in batch.rows()]
+    reference = ingested.ingest_records([as_record(row, TAGS.tags_of(row), tenant="acme", classification=None,
+                                                   model=MODEL_NAME, origin="test:notes") for row in rows])  # fmt: skip
+    assert report.documents == reference.documents == 24
+    assert sorted(report.rejected) == sorted((r.source, r.reason) for r in reference.rejected)
+    assert len(report.rejected) == 9 and report.without_acl == 1, "every fault refused (an empty allow list too)"
+    assert _tables(imported) == _tables(ingested)
+
+
+@pytest.mark.parametrize("spec", ["allow=owners,deny=blocked,labels=tags,classification=level", "allow=text_owners,classification=page"])
+def test_rows_grouped_by_their_columns_get_the_tags_their_own_metadata_gives(spec: str) -> None:
+    """Values that look alike (a list or its text, an empty list, a list of one empty text, the
+    same names in another order, a null inside a list) are never one group unless equal."""
+    owners = [["a", "b"], ["b", "a"], ["a,b"], [], [""], None, ["a", "b"], ["a", None], ["a\x1fb"], ["a", "b"]]
+    columns = pa.table({
+        "owners": pa.array(owners, pa.list_(pa.string())),
+        "text_owners": ["a,b", "a, b", "a,b", "", None, "a", "a,b", "b", "a", "a,b"],
+        "blocked": [None, "c", None, None, "c", None, None, "c", None, None],
+        "tags": pa.array([["x"], [], ["x"], ["x"], ["x"], [], ["x"], None, ["x"], ["x"]], pa.list_(pa.string())),
+        "level": ["internal", "internal", "internal", None, "internal", "public", "internal", "x", "internal", "internal"],
+        "page": list(range(10)),
+    })  # fmt: skip
+    batch = CollectedBatch(ids=[f"r{i}" for i in range(10)], texts=["t"] * 10, vectors=np.ones((10, 3), np.float32),
+                           metadata=columns)  # fmt: skip
+    tags = AclFromMetadata.parse(spec)
+    found, which = tags.grouped(batch)
+    assert [found[place] for place in which] == [tags.tags_of(row) for row in batch.rows()]
+    if "page" not in spec:
+        assert len(found) < len(batch), "rows of equal values share one parse"
+        assert which[0] == which[6] == which[9] and len({which[0], which[1], which[2], which[8]}) == 4

@@ -78,13 +78,13 @@ def test_an_import_killed_halfway_and_run_again_writes_only_what_is_missing(
     demo_policy_warehouse = Warehouse(Settings(warehouse=str(tmp_path / "warehouse"), import_batch_rows=10), embedder=embedder)
     demo_policy_warehouse.install_policy(policy_file("demo.csv"))  # commits of 10 rows
     tags = AclFromMetadata.parse("allow=owner_groups,classification=level")
-    total, rows = lancedb_rows(uri, "notes")
+    total, batches = lancedb_rows(uri, "notes", batch_rows=5)
 
     def killed() -> Any:
-        for number, row in enumerate(rows):
-            if number == 25:
-                raise KeyboardInterrupt  # the process dies here; what was committed stays
-            yield row
+        for number, batch in enumerate(batches):
+            if number == 5:
+                raise KeyboardInterrupt  # the process dies here, 25 rows read; what was committed stays
+            yield batch
 
     with pytest.raises(KeyboardInterrupt):
         demo_policy_warehouse.import_collection(killed(), tags=tags, model=MODEL_NAME, origin="lancedb:notes", tenant="acme",
