@@ -21,6 +21,7 @@ from .errors import (
     PermissionDeniedError,
     PolicyError,
     RagwardenError,
+    StorageUnreachableError,
     WarehouseError,
 )
 from .governance.audit import ArchiveReport, ChainReport, Receipt, StoredReceipt
@@ -84,6 +85,7 @@ __all__ = [
     "StoredReceipt",
     "SyncReport",
     "Warehouse",
+    "StorageUnreachableError",
     "WarehouseError",
     "open",
 ]

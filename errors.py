@@ -19,6 +19,8 @@ error ``code`` a service answers it with (a subclass inherits both unless it nam
     ├── OverloadedError           503 overloaded             the service is at capacity: retry shortly or elsewhere
     ├── DeadlineExceededError     503 deadline_exceeded      a search worked past its deadline and was stopped
     └── WarehouseError            503 warehouse_unavailable  the warehouse is missing, damaged or inconsistent
+        └── StorageUnreachableError
+                                  503 storage_unreachable    its object store did not answer; nothing was changed
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "PermissionDeniedError",
     "PolicyError",
     "RagwardenError",
+    "StorageUnreachableError",
     "WarehouseError",
     "error_of",
     "error_of_status",
@@ -159,6 +162,15 @@ class WarehouseError(RagwardenError):
 
     status = 503
     code = "warehouse_unavailable"
+
+
+class StorageUnreachableError(WarehouseError):
+    """The warehouse's object store did not answer (refused, unresolvable, timed out); the
+    operation that met it changed nothing. Nothing is damaged: check that the endpoint answers
+    and that this host reaches it, then retry."""
+
+    status = 503
+    code = "storage_unreachable"
 
 
 def _naming_classes() -> list[type[RagwardenError]]:

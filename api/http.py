@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -23,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from ..config import Settings
 from ..credentials import Authenticator
 from ..deadline import Deadline, bounded, in_turns
-from ..errors import InvalidValueError, PolicyError
+from ..errors import InvalidValueError, PolicyError, RagwardenError
 from ..governance.caller import Identity
 from ..retrieval.manifest import ContextManifest
 from ..warehouse import Warehouse
@@ -65,6 +66,8 @@ from .http_models import (
 from .limits import CLIENT_GONE, BodyLimit
 from .metrics import METRICS_PATH, install_metrics, service_metrics
 from .scim import mount_scim
+
+log = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 DOCS_ASSETS = "/docs-assets"
@@ -136,6 +139,15 @@ async def _call_off_when_gone(request: Request, deadline: Deadline) -> None:
             return
 
 
+
+def _closed(warehouse: Warehouse) -> None:
+    """The warehouse closed as the service stops: said in one line when it cannot be (its
+    journal's receipts already count as the log's; the next writer folds them)."""
+    try:
+        warehouse.close()
+    except RagwardenError as exc:
+        log.warning("stopping: the audit journal was not folded, the next writer folds it (%s)", exc)
+
 def create_app(
     settings: Settings, *, warehouse: Warehouse | None = None, with_mcp: bool = True, peers: WorkerLoads | None = None
 ) -> FastAPI:
@@ -154,6 +166,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            # Last out: the journal folded and the background work ended while the store still
+            # answers (a replica stopped by SIGTERM never reaches the interpreter's exit hooks).
+            stack.push_async_callback(asyncio.to_thread, _closed, warehouse)
             if mcp_server is not None:
                 await stack.enter_async_context(mcp_server.session_manager.run())
             if peers is not None:  # counted among the workers once it serves, until it stops

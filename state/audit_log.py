@@ -127,13 +127,18 @@ def _fold_while_waiting(ref: weakref.ReferenceType[AuditLog]) -> None:
 
 
 def _fold_at_exit(ref: weakref.ReferenceType[AuditLog]) -> None:
-    """At exit, fold what waits, so a process that stops normally leaves no journal behind."""
+    """At exit, fold what waits, so a process that stops normally leaves no journal behind. When
+    the fold cannot run (the object store gone before the process), the receipts stay where they
+    already count as the log's, and a later writer folds them: said as that, once."""
     audit = ref()
-    if audit is not None and audit._folder_pid == os.getpid() and audit._table.pending()[0]:
-        try:
-            audit._table.fold(orphaned_after=None)
-        except Exception as exc:
-            log.warning("folding the audit journal at exit failed (another writer will fold it): %s", exc)
+    waiting = audit._table.pending()[0] if audit is not None and audit._folder_pid == os.getpid() else 0
+    if not waiting:
+        return
+    try:
+        audit._table.fold(orphaned_after=None)  # type: ignore[union-attr]
+    except Exception as exc:
+        log.warning("%d audit receipt(s) of this process were left in the warehouse's audit journal, where they are "
+                    "already part of the log; the next writer's fold takes them into the audit table (%s)", waiting, exc)  # fmt: skip
 
 
 class AuditLog:

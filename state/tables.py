@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 import lancedb
 import pyarrow as pa
 
-from ..errors import RagwardenError, WarehouseError
+from ..errors import RagwardenError, StorageUnreachableError, WarehouseError
 from ..governance.sql import sql_documents, sql_in_list
 from .commit_retry import PlanOutlived, is_commit_conflict, retrying_conflicts
 
@@ -30,6 +31,15 @@ _OPERATION: ContextVar[str | None] = ContextVar("ragwarden_operation", default=N
 
 _LANCE_FAILURES = ("LanceError", "lance error", "External error", "Object at location")
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EROFS, errno.EDQUOT}
+_UNREACHABLE = ("error sending request", "Connection refused", "dns error", "tcp connect error", "operation timed out")
+"""What the object store's client says when no answer came back: the store is unreachable, not damaged."""
+_REQUEST = re.compile(r"Error performing (?P<method>[A-Z]+) (?P<url>[^\s?]+)")
+
+
+def _request_in(text: str) -> str:
+    """`` (GET http://host/bucket/key)``: the request that got no answer, when the error names it."""
+    found = _REQUEST.search(text)
+    return f" ({found['method']} {found['url']})" if found else ""
 
 
 def storage_failure(
@@ -47,6 +57,11 @@ def storage_failure(
     )
     if not lance and not (isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS):
         return None
+    if any(mark in text for mark in _UNREACHABLE):
+        return StorageUnreachableError(
+            f"warehouse {uri!r}: {operation} could not reach the object store{_request_in(text)}; it changed nothing. "
+            "Check that the endpoint answers and that this host reaches it, then retry"
+        )
     detail = text.splitlines()[0] if text else type(exc).__name__
     if is_commit_conflict(exc):
         return WarehouseError(

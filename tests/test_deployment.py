@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import tomllib
 import uuid
@@ -188,3 +189,21 @@ def test_the_stand_in_object_store_is_the_moto_server_the_tests_run() -> None:
     s3 = compose().services["s3"]
     assert s3.image is not None and any(f'"{pin}"' in run or pin in run.split() for run in s3.image.all("RUN"))
     assert s3.command is not None and s3.command[:3] == ("python", "-m", "moto.server")
+
+
+@pytest.mark.slow
+def test_stopping_the_stack_stops_each_replica_before_the_object_store_so_it_folds_its_journal_at_exit(
+    deployed: LocalCompose, two_replicas: tuple[str, str], ingested: dict[str, Any], mint: Callable[..., str]
+) -> None:
+    """Last in this module: it stops the stack. ``docker compose down`` stops a service after the
+    services that depend on it; a replica whose object store stopped first could not fold its
+    journal at exit and printed a "Generic S3 error ... list request" about it."""
+    for url in two_replicas:  # a receipt waiting in each replica's journal as the stack stops
+        searched = httpx.post(f"{url}/v1/search", json={"query": f"memo {ingested['marker']}", "k": 1},
+                              headers={"Authorization": f"Bearer {mint('alice')}"}, timeout=60)  # fmt: skip
+        assert searched.status_code == 200, searched.text
+    deployed.down()
+    for name in replicas(deployed.compose):
+        said = deployed.log(name)
+        assert deployed.processes[name].returncode in (0, -signal.SIGTERM), said[-2000:]  # uvicorn re-raises it once stopped
+        assert "audit journal" not in said and "Generic S3 error" not in said, said[-2000:]

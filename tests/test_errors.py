@@ -20,6 +20,7 @@ ANSWERS = [
     (errors.OverloadedError, 503, "overloaded"),
     (errors.DeadlineExceededError, 503, "deadline_exceeded"),
     (errors.WarehouseError, 503, "warehouse_unavailable"),
+    (errors.StorageUnreachableError, 503, "storage_unreachable"),
     (errors.ConfigurationError, 500, "misconfigured"),
     (errors.RagwardenError, 500, "internal"),
 ]

@@ -6,7 +6,10 @@ process on 127.0.0.1 (``support.moto_s3``); ragwarden runs against it unchanged.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,7 +30,7 @@ from support.spawned import run_together
 
 from ragwarden.config import Settings, storage_options_from_env
 from ragwarden.embedder import Embedder
-from ragwarden.errors import ConfigurationError, NotFoundError, WarehouseError
+from ragwarden.errors import ConfigurationError, NotFoundError, StorageUnreachableError, WarehouseError
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
@@ -244,3 +247,70 @@ def test_lineage_waits_in_the_warehouse_so_a_replica_that_loses_its_disk_loses_n
     assert (flushed["sent"], flushed["failed"], flushed["pending"]) == (2, 0, 0)
     assert backend.events == spooled, "every event the lost replica spooled, once, in order"
     assert replica.openlineage.spool.pending() == []
+
+
+WRITER_THAT_EXITS = """
+import sys
+from ragwarden.config import Settings
+from ragwarden.policies import policy_file
+from ragwarden.warehouse import Warehouse
+warehouse = Warehouse(Settings.from_env())
+warehouse.install_policy(policy_file("demo.csv"))  # receipted: the receipt waits in this writer's journal
+print(warehouse.receipts_pending()[0], flush=True)
+sys.stdin.read()  # then a normal exit, never closing the warehouse
+"""
+
+
+def _writer_exits(server: MotoS3, uri: str, *, store_stopped_first: bool) -> tuple[int, str]:
+    """A process that journals a receipt on ``uri`` and exits normally (the store stopped just
+    before, if asked): how many receipts waited, and what it said on stderr."""
+    env = {**os.environ, **aws_env(server), "RAGWARDEN_WAREHOUSE": uri}
+    child = subprocess.Popen([sys.executable, "-c", WRITER_THAT_EXITS], env=env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        waiting = int(child.stdout.readline() or 0)  # type: ignore[union-attr]
+        if store_stopped_first:
+            server.stop()
+        _, said = child.communicate("", timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 0, said
+    return waiting, said
+
+
+def test_a_writer_that_exits_normally_on_object_storage_folds_its_journal_and_says_nothing(s3: MotoS3) -> None:
+    uri = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    waiting, said = _writer_exits(s3, uri, store_stopped_first=False)
+    assert waiting >= 1, "the receipt waited in the journal before the exit"
+    assert said == "", said
+    prefix = uri.removeprefix(f"s3://{BUCKET}/")
+    assert [key for key in s3.keys(BUCKET, f"{prefix}/audit_journal/") if not key.endswith("/")] == [], "folded at exit"
+    assert Warehouse(Settings.from_env(aws_env(s3), warehouse=uri)).audit.verify().ok
+
+
+def test_an_exit_after_the_object_store_went_away_says_calmly_what_waits_and_where() -> None:
+    """Why the exit-time fold once printed a "Generic S3 error ... list request": the store had
+    stopped before the process did (the tests' S3 server ends with its module, before the
+    interpreter). The receipts are already in the warehouse's journal, so nothing is lost, and
+    the store is unreachable, not damaged: said as that, with no advice to restore files."""
+    with s3_holding(BUCKET) as server:
+        waiting, said = _writer_exits(server, f"s3://{BUCKET}/{uuid.uuid4().hex}", store_stopped_first=True)
+    lines = [line for line in said.splitlines() if line.strip()]
+    assert len(lines) == 1, said
+    assert f"{waiting} audit receipt(s) of this process were left in the warehouse's audit journal" in lines[0]
+    assert "could not reach the object store (GET http://127.0.0.1:" in lines[0]
+    assert "restore" not in lines[0] and "damaged" not in lines[0] and "Generic S3 error" not in lines[0]
+
+
+def test_an_unreachable_object_store_is_its_own_error_never_damage(embedder: Embedder, tmp_path: Path) -> None:
+    with s3_holding(BUCKET) as server:
+        settings = Settings.from_env(aws_env(server), warehouse=f"s3://{BUCKET}/{uuid.uuid4().hex}", lineage_dir=tmp_path)
+        warehouse = Warehouse(settings, embedder=embedder)
+        warehouse.install_policy(policy_file("demo.csv"))
+        warehouse.close()  # its receipt folded while the store answers
+    with pytest.raises(StorageUnreachableError) as refused:
+        warehouse.audit.verify()
+    said = str(refused.value)
+    assert "could not reach the object store" in said and "it changed nothing" in said, said
+    assert "restore" not in said and len(said) < 400, said
+

@@ -355,14 +355,20 @@ class LocalCompose:
         raise ComposeError(f"service {name} was not healthy in {self.timeout} s:\n{self._tail(name)}")
 
     def down(self) -> None:
-        """SIGTERM each process still running, as ``docker compose down`` does, then SIGKILL
-        whatever has not exited after a grace period."""
-        running = [process for process in self.processes.values() if process.poll() is None]
-        for process in running:
-            process.send_signal(signal.SIGTERM)
-        for process in running:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        """Stop what runs as ``docker compose down`` does: a service only once every service that
+        depends on it has stopped (the replicas before the object store they fold their journals
+        into), each SIGTERMed, then SIGKILLed if it has not exited after a grace period."""
+        left = dict(self.processes)
+        while left:
+            needed = {other for name in left for other in self.compose.services[name].depends_on}
+            wave = [name for name in left if name not in needed] or list(left)
+            running = [left.pop(name) for name in wave]
+            running = [process for process in running if process.poll() is None]
+            for process in running:
+                process.send_signal(signal.SIGTERM)
+            for process in running:
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
