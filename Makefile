@@ -48,8 +48,12 @@ demo: install
 # RAGWARDEN_REQUIRE_BROWSER: here a missing browser fails the console tests instead of skipping them;
 # RAGWARDEN_REQUIRE_ACL: likewise a missing setfacl fails the POSIX ACL tests.
 # RAGWARDEN_RECORD_SUITE: the run is recorded in build/suite.json; `make figures` quotes it in the README.
+# TEST_WORKERS processes (pytest-xdist), each module's tests on one of them and the crash, load and
+# soak tests (tests/reliability) one after another on one (tests/support/parallel.py).
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 test: install chromium acl-tools
-	@RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 RAGWARDEN_RECORD_SUITE=build/suite.json $(BIN)/pytest -m "not quality"; status=$$?; \
+	@RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 RAGWARDEN_RECORD_SUITE=build/suite.json $(BIN)/pytest -m "not quality" $(PARALLEL); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
@@ -60,7 +64,7 @@ figures: install
 	$(BIN)/python -m ragwarden.bench.figures
 
 test-fast: install chromium acl-tools
-	RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 $(BIN)/pytest -m "not slow and not quality"
+	RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 $(BIN)/pytest -m "not slow and not quality" $(PARALLEL)
 
 test-quality: install
 	$(BIN)/pytest -m quality

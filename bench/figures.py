@@ -73,7 +73,9 @@ def suite() -> str:
     run = _record("suite.json")
     minutes, seconds = divmod(round(run["seconds"]), 60)
     return (
-        f"The last recorded run ({_date(run)}, {run['cpus']} cores): {run['passed']:,} tests passed, "
+        f"The last recorded run ({_date(run)}, {run['cpus']} cores"
+        + (f", {run['workers']} test processes" if run.get("workers") else "")
+        + f"): {run['passed']:,} tests passed, "
         f"{run['skipped']} skipped (each with its reason), {run['failed']} failed, in {minutes} min {seconds} s of "
         f"tests, plus the install on a fresh clone.\n"
     )

@@ -70,6 +70,8 @@ CHECKPOINT_EVERY = 1000
 FOLD_ROWS = 1000
 """A writer folds its journal into the table once this many of its receipts wait there..."""
 FOLD_AFTER_S = 1.0
+FOLD_BACKOFF_MAX_S = 60.0
+"""The longest wait between two tries of a fold that keeps failing (the object store gone, say)."""
 """...or once the oldest has waited this long: one table commit a second for a busy writer."""
 ORPHAN_SWEEP_S = 60.0
 """How often a writer's fold also takes the journal files that writers which stopped left."""
@@ -183,6 +185,8 @@ class AuditLog:
         self._folder_lock = threading.Lock()
         self._folder: threading.Thread | None = None
         self._swept_at = float("-inf")
+        self._fold_failures = 0  # in a row: each doubles the wait before the next try (``FOLD_BACKOFF_MAX_S`` at most)
+        self._fold_retry_at = float("-inf")
 
     def _key_problem(self) -> str | None:
         return self._keys.key_problem(self._table.recorded_key_check())
@@ -235,15 +239,22 @@ class AuditLog:
             if not rows:
                 self._folder_running = False
                 return False
-        if rows >= FOLD_ROWS or waited >= FOLD_AFTER_S:
+        if (rows >= FOLD_ROWS or waited >= FOLD_AFTER_S) and time.monotonic() >= self._fold_retry_at:
             sweep = time.monotonic() - self._swept_at >= ORPHAN_SWEEP_S
             try:
                 if sweep:
                     self.fold()
                 else:
                     self._table.fold(orphaned_after=None)
-            except Exception as exc:  # the receipts are durable in the journal; the next pass retries
-                log.warning("folding the audit journal failed (it will be tried again): %s", exc)
+            except Exception as exc:  # the receipts are durable in the journal; a later pass retries
+                self._fold_failures += 1
+                self._fold_retry_at = time.monotonic() + min(FOLD_BACKOFF_MAX_S, FOLD_AFTER_S * 2**self._fold_failures)
+                if self._fold_failures == 1:  # said once per outage, not at every try
+                    log.warning("folding the audit journal failed (it will be tried again, less and less often): %s", exc)
+                return True
+            if self._fold_failures:
+                log.warning("folding the audit journal works again, after %d failed tries", self._fold_failures)
+                self._fold_failures, self._fold_retry_at = 0, float("-inf")
         return True
 
     def _compact_as_writer(self) -> None:

@@ -27,7 +27,7 @@ from ragwarden.embedder import Embedder, ensure_export
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
-pytest_plugins = ["support.suite_record"]
+pytest_plugins = ["support.suite_record", "support.parallel"]
 
 REPO = Path(__file__).resolve().parents[1]
 
