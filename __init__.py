@@ -23,6 +23,7 @@ from .errors import (
     RagwardenError,
     StorageUnreachableError,
     WarehouseError,
+    WarehouseFormatError,
 )
 from .governance.audit import ArchiveReport, ChainReport, Receipt, StoredReceipt
 from .governance.caller import Caller, Identity
@@ -87,5 +88,6 @@ __all__ = [
     "Warehouse",
     "StorageUnreachableError",
     "WarehouseError",
+    "WarehouseFormatError",
     "open",
 ]

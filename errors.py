@@ -19,8 +19,9 @@ error ``code`` a service answers it with (a subclass inherits both unless it nam
     ├── OverloadedError           503 overloaded             the service is at capacity: retry shortly or elsewhere
     ├── DeadlineExceededError     503 deadline_exceeded      a search worked past its deadline and was stopped
     └── WarehouseError            503 warehouse_unavailable  the warehouse is missing, damaged or inconsistent
-        └── StorageUnreachableError
-                                  503 storage_unreachable    its object store did not answer; nothing was changed
+        ├── StorageUnreachableError
+        │                         503 storage_unreachable    its object store did not answer; nothing was changed
+        └── WarehouseFormatError  503 warehouse_format       its format is not one this release serves (migrate, or a newer release)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "RagwardenError",
     "StorageUnreachableError",
     "WarehouseError",
+    "WarehouseFormatError",
     "error_of",
     "error_of_status",
 ]
@@ -171,6 +173,15 @@ class StorageUnreachableError(WarehouseError):
 
     status = 503
     code = "storage_unreachable"
+
+
+class WarehouseFormatError(WarehouseError):
+    """The warehouse is of a format this release does not serve: an earlier one (run
+    ``ragwarden migrate``) or a newer release's (serve it with that release). Nothing was served
+    from it and nothing written to it."""
+
+    status = 503
+    code = "warehouse_format"
 
 
 def _naming_classes() -> list[type[RagwardenError]]:

@@ -65,6 +65,7 @@ from .state import (
     Backups,
     DirectoryRow,
     DirectoryTable,
+    Migration,
     RestoreReport,
     Store,
     holds_warehouse,
@@ -86,14 +87,17 @@ class Warehouse:
     nothing is visible.
     """
 
-    def __init__(self, settings: Settings, *, embedder: Embedder | None = None, create: bool = True) -> None:
+    def __init__(self, settings: Settings, *, embedder: Embedder | None = None, create: bool = True,
+                 migrate: bool = False) -> None:  # fmt: skip
         """Open the warehouse ``settings`` name, creating it if absent, unless ``create`` is False:
         then a missing warehouse is a ``WarehouseError`` naming the path (what every command that
-        only reads uses, so a mistyped path is never an empty warehouse)."""
+        only reads uses, so a mistyped path is never an empty warehouse). A warehouse of a format
+        this release does not serve is a ``WarehouseFormatError`` saying what to do; ``migrate``
+        (``Warehouse.migrate``) brings an earlier one to this release's format first."""
         self.settings = settings
         self.embedder = embedder or Embedder.from_settings(settings)
         self.store = Store(settings.warehouse, dimension=self.embedder.dimension, storage_options=settings.storage_options,
-                           create=create)  # fmt: skip
+                           create=create, migrate=migrate)  # fmt: skip
         self._check_embedding_model()
         self.audit = AuditLog(self.store.audit_table, key=settings.audit_key, retired_keys=settings.audit_retired_keys,
                               seal=settings.audit_key_seal)  # fmt: skip
@@ -139,6 +143,26 @@ class Warehouse:
             touched=lambda _: self._every_tenant(),
             neutral=True,
         )  # fmt: skip
+
+    @classmethod
+    def migrate(cls, settings: Settings, *, embedder: Embedder | None = None) -> Migration:
+        """Bring the warehouse ``settings`` name to the format this release writes (``ragwarden
+        migrate``), as the operator, receipted in every tenant. Idempotent: a warehouse at that
+        format is left as it is, and the run receipted as such. The steps only add (a column, the
+        format's record), so replicas of the release before serve it throughout."""
+        with cls(settings, embedder=embedder, create=False, migrate=True) as warehouse:
+            migration = warehouse.store.migration
+            assert migration is not None  # opened with migrate
+            return warehouse._gate.run(
+                Operation.ADMIN, None, Need.GRANT, lambda _: migration,
+                lambda done: {"reason": done.summary(), "details": {"found": done.found, "now": done.now, "steps": list(done.steps)}},
+                touched=lambda _: warehouse._every_tenant(), neutral=True,
+            )  # fmt: skip
+
+    def check_format(self) -> None:
+        """Refuse (``WarehouseFormatError``, with what to do) once the warehouse records a format
+        this release does not serve; what ``/readyz`` asks before it says ready."""
+        self.store.still_served(self.store.policies.version)
 
     def _every_tenant(self) -> dict[str, tuple[str, ...]]:
         """Every tenant the warehouse holds documents of or its policy names (for the receipts of

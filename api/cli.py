@@ -170,6 +170,20 @@ def optimize(settings: Settings) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+@_common_options
+def migrate(as_json: bool, settings: Settings) -> None:
+    """Bring the warehouse to the format this release writes: once per upgrade, before the new
+    release's replicas serve. Receipted, idempotent (a warehouse at that format is left as it is),
+    and safe while replicas of the release before serve it: each step only adds."""
+    done = Warehouse.migrate(settings)
+    if as_json:
+        click.echo(json.dumps({"found": done.found, "now": done.now, "steps": list(done.steps)}, indent=2))
+    else:
+        click.echo(done.summary())
+
+
+@main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @_common_options
 def sync(file: str, settings: Settings) -> None:

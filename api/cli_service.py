@@ -11,10 +11,12 @@ import click
 
 from ..api_keys import ApiKeys, api_keys_at
 from ..config import Settings
-from ..errors import ConfigurationError
+from ..embedder import Embedder
+from ..errors import ConfigurationError, WarehouseFormatError
 from ..warehouse import Warehouse
-from .balance import create_loads_file, worker_loads
+from .balance import WorkerLoads, create_loads_file, worker_loads
 from .cli_options import common_options
+from .until_servable import RECHECK_S, UntilServable
 
 
 @click.command()
@@ -31,7 +33,6 @@ def serve(host: str, port: int, no_mcp: bool, workers: int, settings: Settings) 
     import uvicorn
 
     from .console import CONSOLE_PATH
-    from .http import create_app
 
     click.echo(f"compliance console: http://{host}:{port}{CONSOLE_PATH}/ (sign in with a token or API key)", err=True)
     # One JSON line per request from ragwarden.access, in place of uvicorn's plain access line.
@@ -43,7 +44,7 @@ def serve(host: str, port: int, no_mcp: bool, workers: int, settings: Settings) 
                                "access_log": False, "log_config": log_config}  # fmt: skip
     if workers == 1:
         _one_blas_thread_per_call()
-        app = create_app(settings, warehouse=Warehouse(settings, create=False), with_mcp=not no_mcp)
+        app = served_app(settings, with_mcp=not no_mcp)
         _freeze_startup_objects()
         uvicorn.run(app, **options)
         return
@@ -67,15 +68,32 @@ SERVE_LOADS = "RAGWARDEN_SERVE_LOADS"
 
 def app_from_env() -> Any:
     """The app of one ``serve --workers`` process, from the settings ``serve`` put in the environment."""
-    from .http import create_app
 
     _one_blas_thread_per_call()
     peers = worker_loads(os.environ.get(SERVE_LOADS))
     settings = Settings.from_env()
-    app = create_app(settings, warehouse=Warehouse(settings, create=False), with_mcp=os.environ.get(SERVE_MCP, "1") != "0",
-                     peers=peers)  # fmt: skip
+    app = served_app(settings, with_mcp=os.environ.get(SERVE_MCP, "1") != "0", peers=peers)
     _freeze_startup_objects()
     return app
+
+
+def served_app(settings: Settings, *, embedder: Embedder | None = None, with_mcp: bool = True,
+               peers: WorkerLoads | None = None, recheck_s: float = RECHECK_S) -> Any:  # fmt: skip
+    """The service over the warehouse ``settings`` name. While that warehouse is of a format this
+    release does not serve, a replica that answers, says why, and serves once it is
+    (``until_servable``): a rolling upgrade starts the new release before ``ragwarden migrate``."""
+    from .http import create_app
+
+    embedder = embedder or Embedder.from_settings(settings)  # one model for every try
+
+    def opened() -> Any:
+        return create_app(settings, warehouse=Warehouse(settings, embedder=embedder, create=False), with_mcp=with_mcp, peers=peers)
+
+    try:
+        return opened()
+    except WarehouseFormatError as refused:
+        click.echo(f"not serving yet: {refused}", err=True)
+        return UntilServable(opened, refused, recheck_s=recheck_s)
 
 
 def _freeze_startup_objects() -> None:

@@ -26,6 +26,7 @@ from ..credentials import Authenticator
 from ..deadline import Deadline, bounded, in_turns
 from ..errors import InvalidValueError, PolicyError, RagwardenError
 from ..governance.caller import Identity
+from ..release import version
 from ..retrieval.manifest import ContextManifest
 from ..warehouse import Warehouse
 from .admission import BEHIND, COST, Admission
@@ -182,7 +183,7 @@ def create_app(
         static_url=DOCS_ASSETS,
         title="ragwarden",
         summary="Governed retrieval: every answer is filtered by the policy for the caller of the credential.",
-        version="0.1.0",
+        version=version(),
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
     )
@@ -206,7 +207,9 @@ def create_app(
 
     @app.get("/readyz", response_model=Readiness, tags=["service"])
     def readyz() -> Readiness:
-        """Readiness: the warehouse answers and a policy is in force (503 otherwise)."""
+        """Readiness: the warehouse answers, is of a format this release serves, and a policy is
+        in force (503 otherwise, with the reason)."""
+        warehouse.check_format()
         policy = warehouse.policy
         table_version = warehouse.table_version
         if policy is None:

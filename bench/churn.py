@@ -296,7 +296,9 @@ def run(rows: int, users: int, first: int, seconds: float, batch: int, folder: P
         writer = context.Process(target=_writer, args=(world.uri, batch, stop, committed, 11), daemon=True)
         writer.start()
         try:
-            time.sleep(2.0)  # its first commit, after loading the model
+            deadline = time.monotonic() + 300  # its first commit, after loading the model: waited for, never a time
+            while committed.value == 0 and writer.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
             for mode in MODES:
                 before = committed.value
                 churn = _searches(url, world, everyone, mode, rng, seconds=seconds)

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import WarehouseError
+from ..errors import WarehouseError, WarehouseFormatError
 from .api_keys import ApiKeysTable
 from .audit_journal import ReceiptJournal
 from .audit_table import AuditTable
@@ -56,6 +56,7 @@ from .schema import (
 )
 from .sources import Sources
 from .tables import connect, declare_primary_key, local_path, names_storage_failures, open_table
+from .warehouse_format import WRITES, Migration, record_format, recorded_format, refusal
 
 DIRECTORY_KEY = b"ragwarden:directory"
 
@@ -91,10 +92,13 @@ class Store:
     """One warehouse: its connection, its format, its doors; the one object that owns storage."""
 
     def __init__(
-        self, uri: str, *, dimension: int, storage_options: Mapping[str, str] | None = None, create: bool = True
-    ) -> None:
+        self, uri: str, *, dimension: int, storage_options: Mapping[str, str] | None = None, create: bool = True,
+        migrate: bool = False,
+    ) -> None:  # fmt: skip
         """Open the warehouse at ``uri``, creating it when absent if ``create`` (else refusing
-        a missing one, naming the path)."""
+        a missing one, naming the path). A warehouse of a format this release does not serve is
+        refused (``WarehouseFormatError``) before anything is read or written, unless ``migrate``:
+        then it is brought to the format this release writes (``migration`` says how)."""
         self.uri = uri
         self.dimension = dimension
         self.storage_options: Mapping[str, str] = dict(storage_options or {})
@@ -102,7 +106,11 @@ class Store:
         self._audit: AuditTable | None = None
         self._api_keys: ApiKeysTable | None = None
         self._refuse_missing_tables()
-        self._upgrade_tables()
+        found = self._found_format()
+        refused = None if found is None else refusal(uri, found)
+        if refused is not None and not (migrate and found is not None and found < WRITES):
+            raise refused
+        steps = self._upgrade_tables() if migrate else []
         sources = self._table(SOURCES, SOURCES_SCHEMA)
         clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
         policies = self._table(POLICIES, POLICIES_SCHEMA)
@@ -126,6 +134,14 @@ class Store:
         self.policies = Policies(home, policies)
         """The installed policies."""
         self._directory = self._open_directory(policies, had_one=DIRECTORY in present)  # read by every freshness check
+        if found is None or (migrate and found != WRITES):
+            record_format(policies, WRITES)
+            steps.append(f"recorded format {WRITES}")
+        self.format = WRITES if found is None or migrate else found
+        """The format of the warehouse as opened (``state.warehouse_format``)."""
+        self.migration = Migration(found=found or WRITES, now=self.format, steps=tuple(steps)) if migrate else None
+        """What opening it with ``migrate`` did; None otherwise."""
+        self._format_seen: tuple[int, WarehouseFormatError | None] = (int(policies.version), None)
         tables = {CHUNKS: chunks, SOURCES: sources, CLAUSES: clauses, POLICIES: policies, LABELS: labels}
         self.maintenance = Maintenance(home, tables, logs=self._logs, files=self.files)
         """Optimize, purge, history and damage checks, over every table."""
@@ -182,13 +198,15 @@ class Store:
                 f"restore {missing[0]}.lance from a backup (it is not recreated empty)"
             )
 
-    def _upgrade_tables(self) -> None:
+    def _upgrade_tables(self) -> list[str]:
         """Bring tables written by an earlier release to the current schema, in place: ``sources``
         gains its ``chunks_version`` stamp (0: older than any commit to come), ``chunks`` its
         ``metadata`` (each chunk its source record's, see ``_backfill_metadata``), and
         ``policies`` its commit order ``seq`` (the installs so far numbered by their install time,
-        the only order they recorded)."""
+        the only order they recorded). Each step runs only where its table lacks what it adds; the
+        steps taken, said."""
         present = set(self._db.list_tables().tables)
+        steps: list[str] = []
         if CHUNKS in present:
             chunks = self._db.open_table(CHUNKS)
             if "metadata" not in chunks.schema.names:
@@ -196,18 +214,38 @@ class Store:
                 retrying_conflicts(lambda: chunks.add_columns(field), what="upgrading chunks")
                 if SOURCES in present:
                     self._backfill_metadata(chunks, self._db.open_table(SOURCES))
+                steps.append("chunks: metadata added, each chunk its source record's")
         if SOURCES in present:
             sources = self._db.open_table(SOURCES)
             if "chunks_version" not in sources.schema.names:
                 retrying_conflicts(
                     lambda: sources.add_columns({"chunks_version": "CAST(0 AS BIGINT)"}), what="upgrading sources"
                 )
+                steps.append("sources: chunks_version added (0)")
         if POLICIES in present:
             policies = self._db.open_table(POLICIES)
             if "seq" not in policies.schema.names:
                 rows = policies.to_arrow().sort_by([("installed_at", "ascending")]).to_pylist()
                 numbered = [{**row, "seq": seq} for seq, row in enumerate(rows, start=1)]
                 self._db.create_table(POLICIES, pa.Table.from_pylist(numbered, schema=POLICIES_SCHEMA), mode="overwrite")
+                steps.append("policies: numbered by install time (seq)")
+        return steps
+
+    def _found_format(self) -> int | None:
+        """The format the warehouse records; None for a warehouse not made yet (no ``chunks``)."""
+        present = set(self._db.list_tables().tables)
+        return recorded_format(self._db.open_table(POLICIES)) if CHUNKS in present and POLICIES in present else None
+
+    def still_served(self, policies_version: int) -> None:
+        """Refuse (``WarehouseFormatError``) once the warehouse records a format this release does
+        not serve (migrated by a newer release while this one serves): read from the ``policies``
+        table once per version of it, the version a freshness check has just read."""
+        seen, refused = self._format_seen
+        if policies_version != seen:
+            refused = refusal(self.uri, recorded_format(self._versioned[POLICIES]))
+            self._format_seen = (policies_version, refused)
+        if refused is not None:
+            raise refused
 
     def _backfill_metadata(self, chunks: Any, sources: Any) -> None:
         """Give the chunks of an upgraded warehouse their document's metadata, as its source
@@ -275,6 +313,7 @@ class Store:
             yield held[1]
             return
         versions = self.versions()
+        self.still_served(versions.policies)
         token = _PINNED.set((id(self), versions))
         try:
             yield versions

@@ -21,6 +21,7 @@ ANSWERS = [
     (errors.DeadlineExceededError, 503, "deadline_exceeded"),
     (errors.WarehouseError, 503, "warehouse_unavailable"),
     (errors.StorageUnreachableError, 503, "storage_unreachable"),
+    (errors.WarehouseFormatError, 503, "warehouse_format"),
     (errors.ConfigurationError, 500, "misconfigured"),
     (errors.RagwardenError, 500, "internal"),
 ]

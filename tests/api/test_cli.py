@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 
 import click
+import lancedb
 import pytest
 from click.testing import CliRunner
 
 from ragwarden.api.cli import main
 from ragwarden.policies import policy_file
+from ragwarden.state import FORMAT_KEY, WRITES
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CORPUS = REPO / "examples" / "demo" / "corpus.jsonl"
@@ -462,3 +464,16 @@ def test_a_served_worker_exempts_what_it_built_to_start_from_the_collectors_full
         gc.unfreeze()
         if blas is not None:  # app_from_env gave this process one BLAS thread per call
             threadpool_limits(limits=blas, user_api="blas")
+
+
+def test_migrate_brings_an_unrecorded_warehouse_to_this_release_s_format_once(
+    runner: CliRunner, empty_cli_warehouse: list[str], tmp_path: Path
+) -> None:
+    lancedb.connect(str(tmp_path / "wh")).open_table("policies").to_lance().update_schema_metadata({FORMAT_KEY: None})
+    refused = runner.invoke(main, ["optimize", *empty_cli_warehouse])
+    assert refused.exit_code != 0 and "Run `ragwarden migrate`" in refused.output, refused.output
+    first = runner.invoke(main, ["migrate", "--json", *empty_cli_warehouse])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout) == {"found": 1, "now": WRITES, "steps": [f"recorded format {WRITES}"]}
+    again = runner.invoke(main, ["migrate", *empty_cli_warehouse])
+    assert again.exit_code == 0 and again.stdout.strip() == f"the warehouse is at format {WRITES} already: nothing to do"

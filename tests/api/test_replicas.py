@@ -18,9 +18,8 @@ import httpx
 import psutil
 import pytest
 from support.demo_world import demo_world
-from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.mcp_clients import mcp_over_http
-from support.replicas import Replica
+from support.replicas import Replica, replica_env
 
 from ragwarden.api_keys import ApiKeys
 from ragwarden.embedder import Embedder
@@ -38,17 +37,6 @@ pytestmark = pytest.mark.slow  # starts server processes (model load each): abou
 def shared_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Warehouse:
     """The demo corpus under the demo policy, in a folder both replicas serve."""
     return demo_world(tmp_path_factory.mktemp("replicas"), embedder)
-
-
-def replica_env(onnx_worker_env: dict[str, str]) -> dict[str, str]:
-    """What a replica of these tests runs with: the test identity provider's settings, no policy file."""
-    return onnx_worker_env | {
-        "HF_HUB_OFFLINE": "1",
-        "RAGWARDEN_JWT_SECRET": JWT_SECRET.decode(),
-        "RAGWARDEN_JWT_ISSUER": ISSUER,
-        "RAGWARDEN_JWT_AUDIENCE": AUDIENCE,
-        "RAGWARDEN_POLICY": "",
-    }
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ from support.raw_tables import raw_table
 
 from ragwarden.config import Settings
 from ragwarden.embedder import Embedder
+from ragwarden.errors import WarehouseFormatError
 from ragwarden.governance.policy import Policy
 from ragwarden.policies import policy_file
-from ragwarden.state import Store
+from ragwarden.state import FORMAT_KEY, WRITES, Store
 from ragwarden.state import policies as policies_module
 from ragwarden.warehouse import Warehouse
 
@@ -101,7 +102,7 @@ def test_two_writers_recording_a_new_document_at_once_leave_only_the_later_commi
         assert [(r["tags_fingerprint"], r["chunks_version"]) for r in stored] == [("later", version + 2)], trial
 
 
-def test_a_warehouse_of_an_earlier_release_is_upgraded_in_place(tmp_path: Path, embedder: Embedder):
+def test_a_warehouse_of_an_earlier_release_is_refused_until_migrated_then_upgraded_in_place(tmp_path: Path, embedder: Embedder):
     uri = str(tmp_path / "wh")
     Warehouse(Settings(warehouse=uri), embedder=embedder)  # every table, at the current schema
     db = lancedb.connect(uri)
@@ -111,8 +112,12 @@ def test_a_warehouse_of_an_earlier_release_is_upgraded_in_place(tmp_path: Path, 
     rows = [{"version": "b", "source": "x", "text": POLICY_B, "installed_at": now},
             {"version": "a", "source": "x", "text": POLICY_A, "installed_at": now - timedelta(hours=1)}]  # fmt: skip
     db.create_table("policies", pa.Table.from_pylist(rows, schema=old_policies), mode="overwrite")
-    db.open_table("sources").drop_columns(["chunks_version"])
+    db.open_table("sources").drop_columns(["chunks_version"])  # (the policies rewritten: no format recorded)
 
+    with pytest.raises(WarehouseFormatError, match="Run `ragwarden migrate`"):
+        Warehouse(Settings(warehouse=uri), embedder=embedder)
+    migration = Warehouse.migrate(Settings(warehouse=uri), embedder=embedder)
+    assert migration.steps == ("sources: chunks_version added (0)", "policies: numbered by install time (seq)", f"recorded format {WRITES}")
     reopened = Warehouse(Settings(warehouse=uri), embedder=embedder)
     numbered = sorted((r["seq"], r["version"]) for r in raw_table(reopened.store, "policies").to_arrow().to_pylist())
     assert numbered == [(1, "a"), (2, "b")]  # numbered by install time, the only order recorded
@@ -120,13 +125,17 @@ def test_a_warehouse_of_an_earlier_release_is_upgraded_in_place(tmp_path: Path, 
     assert "chunks_version" in raw_table(reopened.store, "sources").schema.names
 
 
-def test_chunks_of_an_earlier_release_gain_metadata_in_place(tmp_path: Path, embedder: Embedder, make_record):
+def test_chunks_of_an_earlier_release_gain_metadata_when_migrated(tmp_path: Path, embedder: Embedder, make_record):
     uri = str(tmp_path / "wh")
     warehouse = Warehouse(Settings(warehouse=uri), embedder=embedder)
     warehouse.install_policy(policy_file("demo.csv"))
     warehouse.ingest_records([make_record(metadata={"title": "kept on the source"})])
-    lancedb.connect(uri).open_table("chunks").drop_columns(["metadata"])  # as a release before metadata wrote it
+    db = lancedb.connect(uri)
+    db.open_table("chunks").drop_columns(["metadata"])  # as a release before metadata wrote it,
+    db.open_table("policies").to_lance().update_schema_metadata({FORMAT_KEY: None})  # recording no format
 
+    migration = Warehouse.migrate(Settings(warehouse=uri), embedder=embedder)
+    assert migration.steps == ("chunks: metadata added, each chunk its source record's", f"recorded format {WRITES}")
     reopened = Warehouse(Settings(warehouse=uri), embedder=embedder)
     assert "metadata" in raw_table(reopened.store).schema.names
     (hit,) = reopened.search("quarterly budget", subject="user:alice", tenant="acme", k=1)

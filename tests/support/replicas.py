@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 
 CLI = Path(sys.executable).parent / "ragwarden"
 
@@ -33,15 +34,17 @@ class Replica:
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     args: tuple[str, ...] = ()  # more `ragwarden serve` options, e.g. ("--workers", "2")
+    cli: Path = CLI  # another release's `ragwarden`, for a mixed-version test
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 120.0, *, ready: bool = True) -> None:
+        """Start it and wait until ``/readyz`` answers 200 (``ready``), or only ``/healthz``."""
         self.starts += 1
         log = self.log_dir / f"replica-{self.port}-{self.starts}.log"
-        command = [str(CLI), "serve", "--host", "127.0.0.1", "--port", str(self.port), "--warehouse", self.warehouse,
+        command = [str(self.cli), "serve", "--host", "127.0.0.1", "--port", str(self.port), "--warehouse", self.warehouse,
                    *self.args]  # fmt: skip
         with log.open("wb") as output:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(command, env={**os.environ, **self.env}, stdout=output, stderr=subprocess.STDOUT)
@@ -50,7 +53,7 @@ class Replica:
             if self.process.poll() is not None:
                 raise RuntimeError(f"replica on port {self.port} exited with {self.process.returncode}; see {log.name}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/{'readyz' if ready else 'healthz'}", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -67,3 +70,25 @@ class Replica:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def replica_env(onnx_worker_env: dict[str, str]) -> dict[str, str]:
+    """What a replica of the tests runs with: the test identity provider's settings, no policy file."""
+    return onnx_worker_env | {
+        "HF_HUB_OFFLINE": "1",
+        "RAGWARDEN_JWT_SECRET": JWT_SECRET.decode(),
+        "RAGWARDEN_JWT_ISSUER": ISSUER,
+        "RAGWARDEN_JWT_AUDIENCE": AUDIENCE,
+        "RAGWARDEN_POLICY": "",
+    }
+
+
+def ready_within(url: str, seconds: float) -> httpx.Response:
+    """``/readyz`` of the service at ``url``, asked until it answers 200 or ``seconds`` pass: the last answer."""
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = httpx.get(f"{url}/readyz", timeout=10)
+        if answer.status_code == 200 or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.1)
+
