@@ -81,6 +81,7 @@ bench: $(BIN)/.bench-installed
 	for rows in $(CHURN_ROWS); do $(BIN)/python -m ragwarden.bench.churn --rows $$rows || exit 1; done
 	for rows in $(BROUGHT_ROWS); do $(BIN)/python -m ragwarden.bench.brought --rows $$rows || exit 1; done
 	$(BIN)/python -m ragwarden.bench.brought --rows 1000000 --callers 40 --queries 2 --import-only
+	$(BIN)/python -m ragwarden.bench.power_loss --rows 1000000 --trials 10
 
 # The soak: the load test of the suite (8 clients, one ingesting, every answer checked against the
 # oracle) for SOAK_SECONDS instead of a minute, figures in bench/results/soak.json; then the
