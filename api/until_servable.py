@@ -40,11 +40,6 @@ class UntilServable:
         self._stack = contextlib.AsyncExitStack()
         self._refusing = self._refusing_app()
 
-    @property
-    def serving(self) -> bool:
-        """Whether the full service has taken over."""
-        return self._app is not None
-
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)

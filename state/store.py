@@ -105,8 +105,7 @@ class Store:
         self._db = connect(uri, storage_options, create=create)
         self._audit: AuditTable | None = None
         self._api_keys: ApiKeysTable | None = None
-        self._refuse_missing_tables()
-        found = self._found_format()
+        found = self._found_format(self._refuse_missing_tables())
         refused = None if found is None else refusal(uri, found)
         if refused is not None and not (migrate and found is not None and found < WRITES):
             raise refused
@@ -183,9 +182,10 @@ class Store:
             policies.checkout_latest()
         return directory
 
-    def _refuse_missing_tables(self) -> None:
+    def _refuse_missing_tables(self) -> set[str]:
         """A table of a warehouse in use that has gone is an error naming it, never a fresh empty
-        table in its place (which would lose its rows, or an ACL registry, in silence)."""
+        table in its place (which would lose its rows, or an ACL registry, in silence). The
+        tables present, as listed for the check."""
         present = set(self._db.list_tables().tables)
         core = (SOURCES, CLAUSES, POLICIES)
         if CHUNKS in present:
@@ -197,6 +197,7 @@ class Store:
                 f"warehouse {self.uri!r}: table {missing[0]!r} is missing from a warehouse in use; "
                 f"restore {missing[0]}.lance from a backup (it is not recreated empty)"
             )
+        return present
 
     def _upgrade_tables(self) -> list[str]:
         """Bring tables written by an earlier release to the current schema, in place: ``sources``
@@ -231,9 +232,9 @@ class Store:
                 steps.append("policies: numbered by install time (seq)")
         return steps
 
-    def _found_format(self) -> int | None:
-        """The format the warehouse records; None for a warehouse not made yet (no ``chunks``)."""
-        present = set(self._db.list_tables().tables)
+    def _found_format(self, present: set[str]) -> int | None:
+        """The format the warehouse records; None for a warehouse not made yet (no ``chunks``
+        among the tables ``present``)."""
         return recorded_format(self._db.open_table(POLICIES)) if CHUNKS in present and POLICIES in present else None
 
     def still_served(self, policies_version: int) -> None:
