@@ -51,7 +51,7 @@ demo: install
 # TEST_WORKERS processes (pytest-xdist), each module's tests on one of them and the crash, load and
 # soak tests (tests/reliability) one after another on one (tests/support/parallel.py).
 TEST_WORKERS ?= 2
-PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+PARALLEL := -n $(TEST_WORKERS)
 test: install chromium acl-tools
 	@RAGWARDEN_REQUIRE_BROWSER=1 RAGWARDEN_REQUIRE_ACL=1 RAGWARDEN_RECORD_SUITE=build/suite.json $(BIN)/pytest -m "not quality" $(PARALLEL); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \

@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from support.demo_world import demo_world
+from support.built import Built
+from support.demo_world import with_demo_corpus
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 from support.lineage_receiver import Receiver
-from support.live_server import serving
+from support.live_server import api_app, serving
 from support.oracle import ORACLE_COLUMNS, oracle_visible, world_of_policy
 from support.raw_tables import raw_table
 
@@ -95,6 +96,43 @@ def demo_oracle(demo_warehouse: Warehouse) -> Callable[[str, str], set[str]]:
     return visible
 
 
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """Warehouses built once in this test process; each test that asks gets a copy of its own."""
+    return Built(tmp_path_factory.mktemp("built"))
+
+
+@pytest.fixture(scope="session")
+def copy_of(built: Built, embedder: Embedder) -> Callable[[str, Path], Warehouse]:
+    """A copy at a folder of one of the warehouses the fixtures below share, opened with the run's
+    embedder: copy_of("demo", tmp_path / "warehouse"). "demo-policy" is empty under the demo policy,
+    "small" holds SMALL_CORPUS under it, "demo" the demo corpus."""
+
+    def opened(folder: Path) -> Warehouse:
+        return Warehouse(Settings(warehouse=str(folder)), embedder=embedder)
+
+    def demo_policy(folder: Path) -> None:
+        with opened(folder) as warehouse:
+            warehouse.install_policy(policy_file("demo.csv"))
+
+    def small(folder: Path) -> None:
+        with opened(folder) as warehouse:
+            warehouse.install_policy(policy_file("demo.csv"))
+            report = warehouse.ingest_records(SMALL_CORPUS)
+            assert report.ok, report.rejected
+
+    def demo(folder: Path) -> None:
+        with opened(folder) as warehouse:
+            with_demo_corpus(warehouse)
+
+    builders = {"demo-policy": demo_policy, "small": small, "demo": demo}
+
+    def copy(name: str, to: Path) -> Warehouse:
+        return opened(Path(built.copy(name, builders[name], to)))
+
+    return copy
+
+
 @pytest.fixture
 def fresh_warehouse(tmp_path: Path, embedder: Embedder) -> Warehouse:
     """An empty warehouse with no policy at all (nothing is visible)."""
@@ -102,17 +140,21 @@ def fresh_warehouse(tmp_path: Path, embedder: Embedder) -> Warehouse:
 
 
 @pytest.fixture
-def demo_policy_warehouse(tmp_path: Path, embedder: Embedder) -> Warehouse:
+def demo_policy_warehouse(tmp_path: Path, copy_of: Callable[[str, Path], Warehouse]) -> Warehouse:
     """An empty warehouse whose installed policy is the demo policy."""
-    warehouse = Warehouse(Settings(warehouse=str(tmp_path / "warehouse")), embedder=embedder)
-    warehouse.install_policy(policy_file("demo.csv"))
-    return warehouse
+    return copy_of("demo-policy", tmp_path / "warehouse")
 
 
 @pytest.fixture(scope="session")
-def demo_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Warehouse:
+def demo_warehouse(tmp_path_factory: pytest.TempPathFactory, copy_of: Callable[[str, Path], Warehouse]) -> Warehouse:
     """The demo corpus ingested under the demo policy; shared, so tests must only read it."""
-    return demo_world(tmp_path_factory.mktemp("demo"), embedder)
+    return copy_of("demo", tmp_path_factory.mktemp("demo") / "warehouse")
+
+
+@pytest.fixture
+def demo_copy(tmp_path: Path, copy_of: Callable[[str, Path], Warehouse]) -> Warehouse:
+    """The demo corpus under the demo policy in a warehouse of this test's own, to write to."""
+    return copy_of("demo", tmp_path / "warehouse")
 
 
 BASE_RECORD: dict[str, Any] = {
@@ -210,11 +252,9 @@ SMALL_CORPUS: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-def small_warehouse(demo_policy_warehouse: Warehouse) -> Warehouse:
+def small_warehouse(tmp_path: Path, copy_of: Callable[[str, Path], Warehouse]) -> Warehouse:
     """A fresh warehouse under the demo policy holding SMALL_CORPUS (two acme documents, one globex)."""
-    report = demo_policy_warehouse.ingest_records(SMALL_CORPUS)
-    assert report.ok, report.rejected
-    return demo_policy_warehouse
+    return copy_of("small", tmp_path / "warehouse")
 
 
 @pytest.fixture
@@ -226,8 +266,7 @@ def serve(auth_settings: AuthSettings) -> Iterator[Callable[..., str]]:
 
         def start(warehouse: Warehouse, *, auth: AuthSettings | None = None, configure: Callable[[Any], None] | None = None,
                   peers: WorkerLoads | None = None, **settings: Any) -> str:
-            app = create_app(Settings(warehouse=warehouse.uri, auth=auth or auth_settings, **settings),
-                             warehouse=warehouse, with_mcp=False, peers=peers)
+            app = api_app(warehouse, auth or auth_settings, peers=peers, **settings)
             if configure is not None:
                 configure(app)
             return stack.enter_context(serving(app))

@@ -22,6 +22,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
+from support.live_server import api_app, serving
 from support.loopback_http import LoopbackHTTPServer, fixed_answer
 
 from ragwarden.api_keys import ApiKeys
@@ -120,11 +121,12 @@ def jwks_file(idp: IdentityProvider, tmp_path_factory: pytest.TempPathFactory) -
     return path
 
 
-@pytest.fixture
-def service(demo_warehouse: Warehouse, serve: Callable[..., str], jwks_url: str) -> Iterator[httpx.Client]:
-    """The demo warehouse behind a service that takes HS256 (shared secret) and RS256/ES256 (JWKS URL)."""
+@pytest.fixture(scope="module")
+def service(demo_warehouse: Warehouse, jwks_url: str) -> Iterator[httpx.Client]:
+    """The demo warehouse behind a service that takes HS256 (shared secret) and RS256/ES256 (JWKS URL);
+    one for the module, as its tests only present credentials and read."""
     auth = AuthSettings(jwt_secret=JWT_SECRET, jwt_jwks=jwks_url, issuer=ISSUER, audience=AUDIENCE)
-    with httpx.Client(base_url=serve(demo_warehouse, auth=auth), timeout=60) as client:
+    with serving(api_app(demo_warehouse, auth)) as url, httpx.Client(base_url=url, timeout=60) as client:
         yield client
 
 

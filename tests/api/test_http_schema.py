@@ -30,8 +30,6 @@ from support.live_server import serving
 
 from ragwarden.api.http import create_app
 from ragwarden.config import AuthSettings, Settings
-from ragwarden.embedder import Embedder
-from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,20 +68,12 @@ BOUNDED = settings(
 )
 
 
-def _warehouse(root: Path, embedder: Embedder, *, corpus: bool) -> Warehouse:
-    warehouse = Warehouse(Settings(warehouse=str(root / "warehouse")), embedder=embedder)
-    warehouse.install_policy(policy_file("demo.csv"))
-    if corpus:
-        report = warehouse.ingest(DEMO_CORPUS)
-        assert report.ok, report.rejected
-    return warehouse
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder, auth_settings: AuthSettings) -> Iterator[dict[str, str]]:
+def served(tmp_path_factory: pytest.TempPathFactory, copy_of: Callable[[str, Path], Warehouse],
+           auth_settings: AuthSettings) -> Iterator[dict[str, str]]:  # fmt: skip
     """Base URLs: "main" serves a fresh copy of the demo corpus, "policy" a warehouse for policy installs."""
-    main = _warehouse(tmp_path_factory.mktemp("schema-main"), embedder, corpus=True)
-    policy = _warehouse(tmp_path_factory.mktemp("schema-policy"), embedder, corpus=False)
+    main = copy_of("demo", tmp_path_factory.mktemp("schema-main") / "warehouse")
+    policy = copy_of("demo-policy", tmp_path_factory.mktemp("schema-policy") / "warehouse")
     apps = [create_app(Settings(warehouse=w.uri, auth=auth_settings), warehouse=w, with_mcp=False) for w in (main, policy)]
     with serving(apps[0]) as main_url, serving(apps[1]) as policy_url:
         yield {"main": main_url, "policy": policy_url}

@@ -24,7 +24,6 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
-from support.demo_world import demo_world
 from support.live_server import serving
 from support.mcp_clients import mcp_over_http
 from support.readme import README_SERVICE, readme_block
@@ -34,7 +33,6 @@ from ragwarden.api.mcp_server import LOCAL_SESSION, SERVER_NAME, SessionUnions, 
 from ragwarden.api_keys import ApiKeys
 from ragwarden.config import AuthSettings, Settings
 from ragwarden.credentials import Authenticator
-from ragwarden.embedder import Embedder
 from ragwarden.errors import ConfigurationError
 from ragwarden.governance.caller import Identity
 from ragwarden.governance.tags import Classification
@@ -54,9 +52,9 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def notes_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Warehouse:
+def notes_warehouse(tmp_path_factory: pytest.TempPathFactory, copy_of: Callable[[str, Path], Warehouse]) -> Warehouse:
     """The demo corpus in a warehouse of this module's own, for the tests that write to it."""
-    return demo_world(tmp_path_factory.mktemp("mcp"), embedder)
+    return copy_of("demo", tmp_path_factory.mktemp("mcp") / "warehouse")
 
 
 def _server(warehouse: Warehouse, identity: Identity, **options: Any) -> Any:

@@ -17,12 +17,10 @@ import anyio
 import httpx
 import psutil
 import pytest
-from support.demo_world import demo_world
 from support.mcp_clients import mcp_over_http
 from support.replicas import Replica, replica_env
 
 from ragwarden.api_keys import ApiKeys
-from ragwarden.embedder import Embedder
 from ragwarden.governance.audit import fingerprint
 from ragwarden.policies import policy_file
 from ragwarden.warehouse import Warehouse
@@ -34,9 +32,9 @@ pytestmark = pytest.mark.slow  # starts server processes (model load each): abou
 
 
 @pytest.fixture(scope="module")
-def shared_warehouse(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> Warehouse:
+def shared_warehouse(tmp_path_factory: pytest.TempPathFactory, copy_of: Callable[[str, Path], Warehouse]) -> Warehouse:
     """The demo corpus under the demo policy, in a folder both replicas serve."""
-    return demo_world(tmp_path_factory.mktemp("replicas"), embedder)
+    return copy_of("demo", tmp_path_factory.mktemp("replicas") / "warehouse")
 
 
 @pytest.fixture(scope="module")

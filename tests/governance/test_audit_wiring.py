@@ -23,9 +23,11 @@ from ragwarden.warehouse import OPERATOR
 
 
 @pytest.fixture
-def audited_warehouse(demo_policy_warehouse, make_record):
-    """Demo policy, one finance record, one search by alice, one refused derive by dave."""
-    wh = demo_policy_warehouse
+def audited_warehouse(fresh_warehouse, make_record):
+    """Demo policy, one finance record, one search by alice, one refused derive by dave: all of it
+    by this process, so its receipts are one chain."""
+    wh = fresh_warehouse
+    wh.install_policy(policy_file("demo.csv"))
     wh.ingest_records([make_record()])
     wh.search("budget review", subject="user:alice", tenant="acme", k=3, actor="agent:helper", purpose="weekly report")
     with pytest.raises(NotFoundError):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.built import Built
 from support.raw_tables import raw_table
 
 from ragwarden.bench.world import World, generate, write_warehouse
@@ -33,15 +34,19 @@ def visible_to(demo_warehouse: Warehouse, demo_rows: list[dict]) -> Callable[[st
     return visible
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small_world() -> World:
     return generate(3_000, seed=4)
 
 
 @pytest.fixture
-def indexed_warehouse(small_world: World, tmp_path: Path) -> Warehouse:
-    """The world written, scalar and vector indexes built (the row floor lowered to fit a test)."""
-    store = write_warehouse(small_world, tmp_path / "wh")
-    report = store.maintenance.optimize(vector_index_min_rows=1_000)
-    assert report.vector_index is not None and store.chunks.has_vector_index()
-    return Warehouse(Settings(warehouse=str(tmp_path / "wh")), embedder=None)  # type: ignore[arg-type]
+def indexed_warehouse(small_world: World, built: Built, tmp_path: Path) -> Warehouse:
+    """The world written, scalar and vector indexes built (the row floor lowered to fit a test):
+    built once, a copy of its own for each test."""
+
+    def build(folder: Path) -> None:
+        store = write_warehouse(small_world, folder)
+        report = store.maintenance.optimize(vector_index_min_rows=1_000)
+        assert report.vector_index is not None and store.chunks.has_vector_index()
+
+    return Warehouse(Settings(warehouse=built.copy("indexed", build, tmp_path / "wh")), embedder=None)  # type: ignore[arg-type]

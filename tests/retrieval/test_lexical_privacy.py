@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -28,12 +27,11 @@ from hypothesis import strategies as st
 from lancedb.index import FTS
 from lancedb.query import MatchQuery
 from support.bm25 import bm25_ranking
-from support.demo_world import DEMO_CORPUS, demo_world
+from support.demo_world import DEMO_CORPUS
 from support.oracle import oracle_visible
 from support.policy_worlds import World, look_alike_worlds
 from support.raw_tables import raw_table
 
-from ragwarden.embedder import Embedder
 from ragwarden.governance.caller import Caller
 from ragwarden.governance.policy import Policy
 from ragwarden.governance.tags import EVERYONE, GovernanceTags
@@ -80,10 +78,8 @@ def _answers(warehouse: Warehouse) -> dict[str, list[list[tuple[Any, ...]]]]:
 
 
 @pytest.mark.parametrize("unreadable", UNREADABLE)
-def test_rows_she_may_not_read_change_nothing_of_her_full_text_and_hybrid_answers(
-    tmp_path: Path, embedder: Embedder, unreadable: str
-) -> None:
-    warehouse = demo_world(tmp_path, embedder)
+def test_rows_she_may_not_read_change_nothing_of_her_full_text_and_hybrid_answers(demo_copy: Warehouse, unreadable: str) -> None:
+    warehouse = demo_copy
     before = _answers(warehouse)
     assert all(before["fts"]), "every question finds rows she may read"
 

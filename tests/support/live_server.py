@@ -10,6 +10,11 @@ from typing import Any
 
 import uvicorn
 
+from ragwarden.api.balance import WorkerLoads
+from ragwarden.api.http import create_app
+from ragwarden.config import AuthSettings, Settings
+from ragwarden.warehouse import Warehouse
+
 
 @contextmanager
 def serving(app: Any, *, timeout: float = 30.0) -> Iterator[str]:
@@ -28,3 +33,8 @@ def serving(app: Any, *, timeout: float = 30.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout)
+
+
+def api_app(warehouse: Warehouse, auth: AuthSettings, *, peers: WorkerLoads | None = None, **settings: Any) -> Any:
+    """The HTTP API (no MCP) of ``warehouse``, as ``ragwarden serve`` would run it with ``settings``."""
+    return create_app(Settings(warehouse=warehouse.uri, auth=auth, **settings), warehouse=warehouse, with_mcp=False, peers=peers)
