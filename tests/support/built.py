@@ -31,6 +31,9 @@ class Built:
         under ``name`` the first time; its URI. One name, one builder: the name is the cache key."""
         original = self._root / name
         if not original.exists():
-            build(original)
+            building = self._root / f"{name}.building"
+            shutil.rmtree(building, ignore_errors=True)  # a build that failed before: never copied
+            build(building)
+            building.rename(original)
         shutil.copytree(original, to)
         return str(to)
