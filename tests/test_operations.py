@@ -28,7 +28,7 @@ from support.demo_world import DEMO_CORPUS, demo_world
 from support.identity_provider import AUDIENCE, ISSUER
 from support.moto_s3 import MotoS3, s3_holding
 from support.published_keys import PublishedKeys, SigningKey
-from support.replicas import Replica
+from support.replicas import Balancer, Replica
 from test_object_storage import aws_env
 
 from ragwarden.api.cli import main
@@ -292,16 +292,15 @@ class IdentityProviderNow:
         return self.key.sign(self.claims(sub))
 
 
-class KeepCalling:
+class KeepCalling(Balancer):
     """Clients searching through two replicas, one with HS256 tokens and one with ES256 tokens from
-    the provider's current keys, as a load balancer would: a request to a replica being restarted
-    is sent to the other; any other failure (a refused token included) counts."""
+    the provider's current keys, as a load balancer would (``Balancer``): a request to a replica
+    being restarted is sent to the other; any other failure (a refused token included) counts."""
 
     def __init__(self, replicas: tuple[Replica, Replica], provider: IdentityProviderNow) -> None:
+        super().__init__()
         self.replicas = replicas
         self.provider = provider
-        self.stopping: set[int] = set()
-        self.failures: list[str] = []
         self.answered = 0
         self.done = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(token,)) for token in (provider.hs256, provider.es256)]
@@ -322,22 +321,12 @@ class KeepCalling:
             while not self.done.is_set():
                 n += 1
                 headers = {"Authorization": f"Bearer {token('alice')}"}
-                for replica in self.replicas if n % 2 else self.replicas[::-1]:
-                    was_stopping = replica.port in self.stopping
-                    try:
-                        answer = client.post(f"{replica.url}/v1/search", json={"query": "salary bands", "k": 3}, headers=headers)
-                    except httpx.TransportError as exc:
-                        if was_stopping or replica.port in self.stopping:
-                            continue
-                        self.failures.append(f"live replica {replica.port}: {exc!r}")
-                        break
-                    if answer.status_code == 200:
-                        self.answered += 1
-                    else:
-                        self.failures.append(f"replica {replica.port}: {answer.status_code} {answer.text[:200]}")
-                    break
-                else:
-                    self.failures.append("both replicas were down at once")
+
+                def search(replica: Replica) -> httpx.Response:
+                    return client.post(f"{replica.url}/v1/search", json={"query": "salary bands", "k": 3}, headers=headers)
+
+                if self.send(self.replicas if n % 2 else self.replicas[::-1], search, f"search {n}") is not None:
+                    self.answered += 1
 
     def calls(self, count: int, timeout: float = 120.0) -> None:
         """Wait until ``count`` more searches are answered (the clients are at work in this step)."""

@@ -26,10 +26,9 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from support.live_server import serving
+from support.live_server import api_app, serving
 
-from ragwarden.api.http import create_app
-from ragwarden.config import AuthSettings, Settings
+from ragwarden.config import AuthSettings
 from ragwarden.warehouse import Warehouse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,8 +73,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, copy_of: Callable[[str, Pat
     """Base URLs: "main" serves a fresh copy of the demo corpus, "policy" a warehouse for policy installs."""
     main = copy_of("demo", tmp_path_factory.mktemp("schema-main") / "warehouse")
     policy = copy_of("demo-policy", tmp_path_factory.mktemp("schema-policy") / "warehouse")
-    apps = [create_app(Settings(warehouse=w.uri, auth=auth_settings), warehouse=w, with_mcp=False) for w in (main, policy)]
-    with serving(apps[0]) as main_url, serving(apps[1]) as policy_url:
+    with serving(api_app(main, auth_settings)) as main_url, serving(api_app(policy, auth_settings)) as policy_url:
         yield {"main": main_url, "policy": policy_url}
 
 

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 from support.mcp_clients import mcp_over_http
-from support.replicas import Replica, replica_env
+from support.replicas import Balancer, Replica, replica_env
 
 from ragwarden.api_keys import ApiKeys
 from ragwarden.governance.audit import fingerprint
@@ -193,25 +193,23 @@ def test_an_api_key_revoked_on_the_warehouse_is_refused_by_every_replica(two_rep
         assert "revoked" in refused.json()["error"]["message"]
 
 
-class RollingClient:
-    """Loops searches and note-saving over both replicas, as a load balancer would: a request to a
-    replica that is being restarted may fail and is retried on the other; any other failure counts."""
+class RollingClient(Balancer):
+    """Loops searches and note-saving over both replicas, as a load balancer would (``Balancer``):
+    a request to a replica that is being restarted may fail and is retried on the other."""
 
     def __init__(self, replicas: tuple[Replica, Replica], headers: dict[str, str], parent: str) -> None:
+        super().__init__()
         self.replicas = replicas
         self.headers = headers
         self.parent = parent
-        self.stopping: set[int] = set()
-        self.failures: list[str] = []
-        self.retried = 0
-        self.requests = 0
         self.saved: list[str] = []
         self.done = threading.Event()
 
-    def _send(self, replica: Replica, client: httpx.Client, n: int) -> httpx.Response:
+    def _send(self, client: httpx.Client, n: int) -> Callable[[Replica], httpx.Response]:
         if n % 2:
-            return client.post(f"{replica.url}/v1/derive", json={"text": f"rolling note {n}", "parents": [self.parent], "kind": "note"})
-        return client.post(f"{replica.url}/v1/search", json={"query": "salary bands", "k": 3})
+            return lambda replica: client.post(f"{replica.url}/v1/derive",
+                                               json={"text": f"rolling note {n}", "parents": [self.parent], "kind": "note"})  # fmt: skip
+        return lambda replica: client.post(f"{replica.url}/v1/search", json={"query": "salary bands", "k": 3})
 
     def run(self) -> None:
         # A new connection per request: a kept-alive one to a replica that has gone is not a failure of a live one.
@@ -219,25 +217,9 @@ class RollingClient:
             n = 0
             while not self.done.is_set():
                 n += 1
-                order = self.replicas if n % 2 else self.replicas[::-1]
-                for replica in order:
-                    was_stopping = replica.port in self.stopping
-                    self.requests += 1
-                    try:
-                        response = self._send(replica, client, n)
-                    except httpx.TransportError as exc:
-                        if was_stopping or replica.port in self.stopping:
-                            self.retried += 1
-                            continue
-                        self.failures.append(f"request {n} to live replica {replica.port}: {exc!r}")
-                        break
-                    if response.status_code != 200:
-                        self.failures.append(f"request {n} to {replica.port}: {response.status_code} {response.text[:200]}")
-                    elif n % 2:
-                        self.saved.append(response.json()["chunk_id"])
-                    break
-                else:
-                    self.failures.append(f"request {n}: both replicas refused it")
+                answered = self.send(self.replicas if n % 2 else self.replicas[::-1], self._send(client, n), f"request {n}")
+                if answered is not None and n % 2:
+                    self.saved.append(answered[1].json()["chunk_id"])
 
 
 def test_rolling_restart_fails_no_request_to_a_live_replica_and_loses_nothing(two_replicas, shared_warehouse, mint):
@@ -265,7 +247,7 @@ def test_rolling_restart_fails_no_request_to_a_live_replica_and_loses_nothing(tw
     for replica in two_replicas:
         got = httpx.get(f"{replica.url}/v1/chunks/{client.saved[-1]}", headers=alice, timeout=30)
         assert got.status_code == 200
-    print(f"\nrolling restart: {client.requests} requests, {client.retried} retried on the other replica, "
+    print(f"\nrolling restart: {client.attempts} requests, {client.retried} retried on the other replica, "
           f"{len(client.saved)} notes saved, 0 failed, 0 lost")  # fmt: skip
 
 

@@ -28,7 +28,7 @@ import pytest
 from support.demo_world import DEMO_CORPUS, REPO
 from support.oracle import ORACLE_COLUMNS, oracle_visible, world_of_policy
 from support.raw_tables import raw_table
-from support.replicas import CLI, Replica, ready_within, replica_env
+from support.replicas import CLI, Balancer, Replica, ready_within, replica_env
 
 from ragwarden.config import Settings
 from ragwarden.governance.audit import fingerprint
@@ -68,18 +68,16 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "venv" / "bin" / "ragwarden"
 
 
-class UpgradeClient:
-    """Loops over the replicas in rotation as a load balancer would: searches by each person (each
-    query its own text, to find its receipt) and notes written by alice. A request to a replica
-    being drained may fail and goes to the next; any other failure counts."""
+class UpgradeClient(Balancer):
+    """Loops over the replicas in rotation as a load balancer would (``Balancer``): searches by each
+    person (each query its own text, to find its receipt) and notes written by alice. A request to
+    a replica being drained may fail and goes to the next; any other failure counts."""
 
     def __init__(self, rotation: list[Replica], headers: Callable[[str], dict[str, str]], parent: str) -> None:
+        super().__init__()
         self.rotation = rotation
         self.headers = {person: headers(person) for person in PEOPLE}
         self.parent = parent
-        self.draining: set[int] = set()
-        self.failures: list[str] = []
-        self.requests = 0
         self.answered: list[tuple[str, str, list[str]]] = []  # (person, query, chunk ids)
         self.saved: list[str] = []
         self.served_by: dict[int, int] = {}
@@ -91,29 +89,25 @@ class UpgradeClient:
             while not self.done.is_set():
                 n += 1
                 person = PEOPLE[n % len(PEOPLE)] if n % 4 else "alice"
-                for replica in list(self.rotation)[n % len(self.rotation):] + list(self.rotation)[: n % len(self.rotation)]:
-                    self.requests += 1
-                    try:
-                        if n % 4:
-                            query = f"salary bands and the budget, request {n}"
-                            response = client.post(f"{replica.url}/v1/search", json={"query": query, "k": 5},
-                                                   headers=self.headers[person])  # fmt: skip
-                        else:
-                            response = client.post(f"{replica.url}/v1/derive", headers=self.headers["alice"],
-                                                   json={"text": f"upgrade note {n}", "parents": [self.parent], "kind": "note"})  # fmt: skip
-                    except httpx.TransportError as exc:
-                        if replica.port in self.draining:
-                            continue
-                        self.failures.append(f"request {n} to live replica {replica.port}: {exc!r}")
-                        break
-                    if response.status_code != 200:
-                        self.failures.append(f"request {n} to {replica.port}: {response.status_code} {response.text[:200]}")
-                    elif n % 4:
-                        self.answered.append((person, query, [hit["chunk_id"] for hit in response.json()["hits"]]))
-                    else:
-                        self.saved.append(response.json()["chunk_id"])
-                    self.served_by[replica.port] = self.served_by.get(replica.port, 0) + 1
-                    break
+                query = f"salary bands and the budget, request {n}"
+
+                def request(replica: Replica) -> httpx.Response:
+                    if n % 4:
+                        return client.post(f"{replica.url}/v1/search", json={"query": query, "k": 5}, headers=self.headers[person])
+                    return client.post(f"{replica.url}/v1/derive", headers=self.headers["alice"],
+                                       json={"text": f"upgrade note {n}", "parents": [self.parent], "kind": "note"})  # fmt: skip
+
+                rotation = list(self.rotation)
+                turn = n % len(rotation)
+                answered = self.send(rotation[turn:] + rotation[:turn], request, f"request {n}")
+                if answered is None:
+                    continue
+                replica, response = answered
+                if n % 4:
+                    self.answered.append((person, query, [hit["chunk_id"] for hit in response.json()["hits"]]))
+                else:
+                    self.saved.append(response.json()["chunk_id"])
+                self.served_by[replica.port] = self.served_by.get(replica.port, 0) + 1
 
 
 def test_a_rolling_upgrade_from_the_previous_release_fails_no_request_leaks_nothing_and_keeps_every_write(
@@ -148,7 +142,7 @@ def test_a_rolling_upgrade_from_the_previous_release_fails_no_request_leaks_noth
             client.rotation.append(new)
             time.sleep(2)
             for replica in old:  # drained one at a time: out of the rotation, then stopped
-                client.draining.add(replica.port)
+                client.stopping.add(replica.port)
                 client.rotation.remove(replica)
                 replica.stop()
                 time.sleep(2)
@@ -177,5 +171,5 @@ def test_a_rolling_upgrade_from_the_previous_release_fails_no_request_leaks_noth
     assert not missing, f"{len(missing)} answered searches have no receipt: {missing[:3]}"
     verified = subprocess.run([CLI, "audit", "verify", "--warehouse", uri], env={**env}, capture_output=True, text=True)
     assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
-    print(f"\nrolling upgrade {PREVIOUS} -> this release: {client.requests} requests, {len(client.answered)} searches, "
+    print(f"\nrolling upgrade {PREVIOUS} -> this release: {client.attempts} requests, {len(client.answered)} searches, "
           f"{len(client.saved)} notes, 0 failed, 0 leaked, every receipt present")  # fmt: skip

@@ -14,6 +14,7 @@ those marks by rewriting each test's node id, which pytest 9 no longer lets it d
 from __future__ import annotations
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 SERIAL = "reliability"
 """The folder whose tests run one after another on one worker."""
@@ -25,21 +26,14 @@ def group_of(nodeid: str) -> str:
     return SERIAL if SERIAL in module.split("/")[:-1] else module
 
 
-try:
-    from xdist.scheduler import LoadScopeScheduling
-except ImportError:  # pragma: no cover - xdist is in the test extra
-    LoadScopeScheduling = None
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling (whole groups to one worker, the largest first) by ``group_of``."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
 
 
-if LoadScopeScheduling is not None:
-
-    class GroupScheduling(LoadScopeScheduling):
-        """xdist's scope scheduling (whole groups to one worker, the largest first) by ``group_of``."""
-
-        def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid)
-
-    @pytest.hookimpl(optionalhook=True, tryfirst=True)
-    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> GroupScheduling | None:
-        """Every distributed run but ``--dist each`` is scheduled by group."""
-        return None if config.getvalue("dist") == "each" else GroupScheduling(config, log)
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> GroupScheduling | None:
+    """Every distributed run but ``--dist each`` is scheduled by group."""
+    return None if config.getvalue("dist") == "each" else GroupScheduling(config, log)

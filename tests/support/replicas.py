@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,3 +93,38 @@ def ready_within(url: str, seconds: float) -> httpx.Response:
             return answer
         time.sleep(0.1)
 
+
+
+class Balancer:
+    """Requests sent as a load balancer sends them: to each replica of an order in turn until one
+    answers. A connection that fails on a replica being stopped or drained (its port in
+    ``stopping`` when the request went out or when it failed) moves on to the next replica; any
+    other failure, an answer other than 200, or a request no replica took is one of ``failures``."""
+
+    def __init__(self) -> None:
+        self.stopping: set[int] = set()
+        self.failures: list[str] = []
+        self.attempts = 0  # requests sent, the ones a stopping replica dropped included
+        self.retried = 0  # requests a stopping replica dropped, sent on to the next
+
+    def send(self, order: Iterable[Replica], request: Callable[[Replica], httpx.Response],
+             what: str) -> tuple[Replica, httpx.Response] | None:  # fmt: skip
+        """The replica that answered ``request`` with 200, and its answer; None once a failure
+        (named by ``what``) is recorded."""
+        for replica in order:
+            was_stopping = replica.port in self.stopping
+            self.attempts += 1
+            try:
+                response = request(replica)
+            except httpx.TransportError as exc:
+                if was_stopping or replica.port in self.stopping:
+                    self.retried += 1
+                    continue
+                self.failures.append(f"{what} to live replica {replica.port}: {exc!r}")
+                return None
+            if response.status_code != 200:
+                self.failures.append(f"{what} to {replica.port}: {response.status_code} {response.text[:200]}")
+                return None
+            return replica, response
+        self.failures.append(f"{what}: every replica refused it")
+        return None
