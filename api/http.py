@@ -140,7 +140,6 @@ async def _call_off_when_gone(request: Request, deadline: Deadline) -> None:
             return
 
 
-
 def _closed(warehouse: Warehouse) -> None:
     """The warehouse closed as the service stops: said in one line when it cannot be (its
     journal's receipts already count as the log's; the next writer folds them)."""
@@ -148,6 +147,7 @@ def _closed(warehouse: Warehouse) -> None:
         warehouse.close()
     except RagwardenError as exc:
         log.warning("stopping: the audit journal was not folded, the next writer folds it (%s)", exc)
+
 
 def create_app(
     settings: Settings, *, warehouse: Warehouse | None = None, with_mcp: bool = True, peers: WorkerLoads | None = None

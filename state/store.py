@@ -105,11 +105,12 @@ class Store:
         self._db = connect(uri, storage_options, create=create)
         self._audit: AuditTable | None = None
         self._api_keys: ApiKeysTable | None = None
-        found = self._found_format(self._refuse_missing_tables())
+        present = self._refuse_missing_tables()
+        found = self._found_format(present)
         refused = None if found is None else refusal(uri, found)
         if refused is not None and not (migrate and found is not None and found < WRITES):
             raise refused
-        steps = self._upgrade_tables() if migrate else []
+        steps = self._upgrade_tables(present) if migrate else []
         sources = self._table(SOURCES, SOURCES_SCHEMA)
         clauses = self._table(CLAUSES, CLAUSES_SCHEMA)
         policies = self._table(POLICIES, POLICIES_SCHEMA)
@@ -199,14 +200,13 @@ class Store:
             )
         return present
 
-    def _upgrade_tables(self) -> list[str]:
+    def _upgrade_tables(self, present: set[str]) -> list[str]:
         """Bring tables written by an earlier release to the current schema, in place: ``sources``
         gains its ``chunks_version`` stamp (0: older than any commit to come), ``chunks`` its
         ``metadata`` (each chunk its source record's, see ``_backfill_metadata``), and
         ``policies`` its commit order ``seq`` (the installs so far numbered by their install time,
         the only order they recorded). Each step runs only where its table lacks what it adds; the
-        steps taken, said."""
-        present = set(self._db.list_tables().tables)
+        steps taken, said. ``present``: the tables, as listed when the warehouse was opened."""
         steps: list[str] = []
         if CHUNKS in present:
             chunks = self._db.open_table(CHUNKS)
