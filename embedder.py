@@ -155,6 +155,22 @@ Progress = Callable[[int], None]
 """Told how many of the texts given are embedded so far."""
 
 
+class WindowTokenizer:
+    """The model's own fast tokenizer, as chunking reads it (``TokenSpans``): its ``tokenizer.json``
+    in the tokenizers library, which transformers' fast tokenizer wraps, so the spans are the
+    same; without transformers, whose import brings torch (about 3 s of an ingest process's start)."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+        self._tokenizer.no_padding()  # the file pads and cuts at 128 tokens for the model's input;
+        self._tokenizer.no_truncation()  # chunking cuts the windows itself
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        return self._tokenizer.encode(text, add_special_tokens=False).offsets
+
+
 class OnnxEncoder:
     """Runs an export under onnxruntime, tokenizing as sentence-transformers does (the model's own
     fast tokenizer, truncated to ``max_length`` tokens including [CLS] and [SEP])."""
@@ -335,15 +351,9 @@ class Embedder:
         return int(pooling["word_embedding_dimension"])
 
     @cached_property
-    def _fast_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(_model_dir()), local_files_only=True)
-
-    @property
-    def tokenizer(self) -> Any:
-        """The model's tokenizer (chunking cuts windows with it); the ONNX backends avoid loading torch for it."""
-        return self.model.tokenizer if self.backend == "torch" else self._fast_tokenizer
+    def tokenizer(self) -> WindowTokenizer:
+        """The model's tokenizer as chunking reads it (whatever the backend: the same file)."""
+        return WindowTokenizer(_model_dir() / "tokenizer.json")
 
     @property
     def max_tokens(self) -> int:

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from ..errors import InvalidValueError
+
+
+class TokenSpans(Protocol):
+    """What chunking needs of the model's tokenizer: each token's character span in a text, no
+    special tokens added and nothing cut off (``Embedder.tokenizer``)."""
+
+    def spans(self, text: str) -> list[tuple[int, int]]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,7 +25,7 @@ class Chunk:
     end: int
 
 
-def chunk_text(text: str, tokenizer: Any, *, window: int, overlap: int) -> list[Chunk]:
+def chunk_text(text: str, tokenizer: TokenSpans, *, window: int, overlap: int) -> list[Chunk]:
     """Split ``text`` into windows of at most ``window`` tokens overlapping by ``overlap`` tokens.
 
     Windows are cut on token boundaries and mapped back to character offsets, so each chunk's
@@ -28,7 +35,7 @@ def chunk_text(text: str, tokenizer: Any, *, window: int, overlap: int) -> list[
         raise InvalidValueError(f"window must be at least 1 token, got {window}")
     if not 0 <= overlap < window:
         raise InvalidValueError(f"overlap must be at least 0 and below the window ({window}), got {overlap}")
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+    offsets = tokenizer.spans(text)
     if not offsets:
         return []
     chunks: list[Chunk] = []

@@ -18,13 +18,13 @@ import numpy as np
 
 from ..embedder import Embedder
 from ..state import ChunksSnapshot, ChunkWrite, DocumentKey, Erasure, SourceState, WriteDoors, is_missing_file
-from .chunking import Chunk, chunk_text
+from .chunking import Chunk, TokenSpans, chunk_text
 from .lifecycle import rederive, source_records
 from .records import Rejected, SourceRecord, document_version
 
 
 def chunk_document(
-    text: str, *, tenant: str, doc_id: str, tokenizer: Any, window: int, overlap: int
+    text: str, *, tenant: str, doc_id: str, tokenizer: TokenSpans, window: int, overlap: int
 ) -> list[tuple[Chunk, str]]:
     """A document's chunks, each with its chunk id: the same wherever it runs."""
     version = document_version(text)

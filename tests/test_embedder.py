@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,6 @@ from ragwarden import embedder as embedder_module
 from ragwarden.config import Settings
 from ragwarden.embedder import BATCH_SIZES, Embedder, choose_device, export_path
 from ragwarden.errors import ConfigurationError
-from ragwarden.ingest.chunking import chunk_text
 from ragwarden.warehouse import Warehouse
 
 LONG = " ".join(f"Section {i}: enzyme kinetics of the mutant strain changed by {i * 3} percent." for i in range(60))
@@ -77,10 +78,28 @@ def test_onnx_tokenizes_and_chunks_exactly_as_torch(torch_embedder: Embedder, ca
     expected = embedder.model.tokenizer(SAMPLES, truncation=True, max_length=256)["input_ids"]
     assert [e.ids for e in onnx.onnx.tokenizer.encode_batch(SAMPLES)] == expected
     assert (onnx.max_tokens, onnx.dimension) == (embedder.max_tokens, embedder.dimension)
-    for text in SAMPLES:
-        assert chunk_text(text, onnx.tokenizer, window=onnx.max_tokens, overlap=32) == chunk_text(
-            text, embedder.tokenizer, window=embedder.max_tokens, overlap=32
-        )
+    # chunking's tokenizer reads every text as the model's transformers tokenizer does, with no
+    # window of its own (the file it loads pads and cuts at 128 tokens)
+    reference = embedder.model.tokenizer
+    for text in [*SAMPLES, LONG * 3, "", "   ", "tab\tnew\nline\x00 zero\u200bwidth a\u0301"]:
+        offsets = reference(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+        assert onnx.tokenizer.spans(text) == [tuple(span) for span in offsets]
+        assert embedder.tokenizer.spans(text) == onnx.tokenizer.spans(text)
+
+
+def test_an_onnx_ingest_imports_neither_torch_nor_transformers(cache: Path, tmp_path: Path) -> None:
+    """Chunking and embedding on an ONNX backend need neither: an ingest process starts without
+    the seconds their import takes."""
+    probe = (
+        "import sys\n"
+        "from ragwarden import Settings, Warehouse\n"
+        f"warehouse = Warehouse(Settings(warehouse={str(tmp_path / 'wh')!r}, embed_backend='onnx-int8', embed_cache_dir={str(cache)!r}))\n"
+        f"assert warehouse.ingest_records([{{'id': 'doc-1', 'text': {LONG!r}, 'tenant': 'acme', 'classification': 'public', 'acl': {{'allow': ['everyone']}}}}]).chunks > 1\n"
+        "print(sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules))\n"
+    )
+    Embedder(backend="onnx-int8", cache_dir=cache).encode(["export first"])
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
 
 
 def test_the_export_is_made_once_and_reused(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
