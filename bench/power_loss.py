@@ -89,14 +89,15 @@ def trial(uri: str, folder: Path, n: int, want: set[str], query: str, group: int
         replica = subprocess.Popen([str(CLI), "serve", "--port", str(port), "--warehouse", uri, "--no-mcp"], env=env, stdout=log,
                                    stderr=subprocess.STDOUT)  # fmt: skip
     first, correct = None, False
-    while first is None and time.monotonic() - began < 300:
-        try:
-            answer = httpx.post(f"http://127.0.0.1:{port}/v1/search", json={"query": query, "k": 10}, headers=bearer, timeout=120)
-        except httpx.TransportError:
-            time.sleep(0.02)
-            continue
-        if answer.status_code == 200:
-            first, correct = time.monotonic() - began, {hit["doc_id"] for hit in answer.json()["hits"]} == want
+    with httpx.Client(timeout=120) as client:  # one client: a new one per try would load the CA bundle each time,
+        while first is None and time.monotonic() - began < 300:  # CPU the starting replica needs
+            try:
+                answer = client.post(f"http://127.0.0.1:{port}/v1/search", json={"query": query, "k": 10}, headers=bearer)
+            except httpx.TransportError:
+                time.sleep(0.02)
+                continue
+            if answer.status_code == 200:
+                first, correct = time.monotonic() - began, {hit["doc_id"] for hit in answer.json()["hits"]} == want
     writer = subprocess.Popen([sys.executable, "-c", WRITER, uri, f"t{n}", group_name(WRITER_GROUP)], env=env, stdout=subprocess.PIPE, text=True)
     acknowledged: list[str] = []
     answered: list[str] = []

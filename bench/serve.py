@@ -196,15 +196,16 @@ def serve_replica(warehouse: str, port: int, log: Path, workers: int = 1, **sett
     with log.open("wb") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the replica on port {port} exited; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
+    with httpx.Client(timeout=2) as client:  # one client: a new one per try would load the CA bundle each time
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the replica on port {port} exited; see {log}")
+            try:
+                if client.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    return process
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
     raise RuntimeError(f"the replica on port {port} did not become ready")
 
 

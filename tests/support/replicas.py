@@ -50,15 +50,16 @@ class Replica:
         with log.open("wb") as output:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(command, env={**os.environ, **self.env}, stdout=output, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"replica on port {self.port} exited with {self.process.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{self.url}/{'readyz' if ready else 'healthz'}", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        with httpx.Client(timeout=2) as client:  # one client: each new one loads the CA bundle again
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"replica on port {self.port} exited with {self.process.returncode}; see {log.name}")
+                try:
+                    if client.get(f"{self.url}/{'readyz' if ready else 'healthz'}").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
         raise RuntimeError(f"replica on port {self.port} did not become ready in {timeout} s")
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -87,11 +88,12 @@ def replica_env(onnx_worker_env: dict[str, str]) -> dict[str, str]:
 def ready_within(url: str, seconds: float) -> httpx.Response:
     """``/readyz`` of the service at ``url``, asked until it answers 200 or ``seconds`` pass: the last answer."""
     deadline = time.monotonic() + seconds
-    while True:
-        answer = httpx.get(f"{url}/readyz", timeout=10)
-        if answer.status_code == 200 or time.monotonic() > deadline:
-            return answer
-        time.sleep(0.1)
+    with httpx.Client(timeout=10) as client:
+        while True:
+            answer = client.get(f"{url}/readyz")
+            if answer.status_code == 200 or time.monotonic() > deadline:
+                return answer
+            time.sleep(0.1)
 
 
 
