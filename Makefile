@@ -84,7 +84,7 @@ bench: $(BIN)/.bench-installed
 	$(BIN)/python -m ragwarden.bench.power_loss --rows 1000000 --trials 10
 
 # The soak: the load test of the suite (8 clients, one ingesting, every answer checked against the
-# oracle) for SOAK_SECONDS instead of a minute, figures in bench/results/soak.json; then the
+# oracle) for SOAK_SECONDS instead of half a minute, figures in bench/results/soak.json; then the
 # serializable-lifecycle stress (three processes of random ingest, sync, derive, forget and policy
 # install, every version checked) for SOAK_ROUNDS rounds instead of 6. Not run in CI.
 SOAK_SECONDS ?= 1800

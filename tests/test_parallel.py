@@ -40,8 +40,9 @@ def test_each_module_runs_on_one_worker_in_order_and_the_serial_folder_on_one(tm
     for module in modules:
         module.write_text("".join(WHERE.format(n=n) for n in range(4)), encoding="utf-8")
     log = tmp_path / "where.log"
-    env = os.environ | {"WHERE_LOG": str(log), "PYTHONPATH": str(TESTS)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", str(suite)],
+    # only xdist of the installed plugins: the others would add seconds to each of three processes
+    env = os.environ | {"WHERE_LOG": str(log), "PYTHONPATH": str(TESTS), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist", "-n", "2", "-q", "-p", "no:cacheprovider", str(suite)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
 

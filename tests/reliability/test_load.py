@@ -1,7 +1,8 @@
-"""Load on 127.0.0.1: eight clients search the HTTP service for a minute while an administrator
-ingests; every answer is checked against an oracle that shares no code with the product.
+"""Load on 127.0.0.1: eight clients search the HTTP service for half a minute while an
+administrator ingests; every answer is checked against an oracle that shares no code with the product.
 
-``RAGWARDEN_LOAD_SECONDS`` sets the duration (60 by default); figures are printed and written to
+``RAGWARDEN_LOAD_SECONDS`` sets the duration (30 by default: about thirty batches of rows arrive
+while the clients search; duration itself is the soak's to show); figures are printed and written to
 ``load.json`` in the test's folder, and to ``RAGWARDEN_LOAD_REPORT`` when it is set. ``make soak``
 runs this test for half an hour (``SOAK_SECONDS``), outside CI.
 """
@@ -39,12 +40,12 @@ NEW_ACLS = [({"allow": ["group:finance"]}, ["finance"], "confidential"), ({"allo
 
 
 @pytest.mark.slow
-def test_eight_clients_for_a_minute_while_one_ingests_get_no_error_and_no_leak(
+def test_eight_clients_for_half_a_minute_while_one_ingests_get_no_error_and_no_leak(
     demo_warehouse: Warehouse, tmp_path: Path, auth_settings: AuthSettings, mint: Callable[..., str]
 ):
     from support.live_server import serving
 
-    seconds = float(os.environ.get("RAGWARDEN_LOAD_SECONDS", "60"))
+    seconds = float(os.environ.get("RAGWARDEN_LOAD_SECONDS", "30"))
     demo_warehouse.close()  # the receipts other tests left, folded before the copy
     shutil.copytree(demo_warehouse.uri, tmp_path / "warehouse")
     warehouse = Warehouse(Settings(warehouse=str(tmp_path / "warehouse")), embedder=demo_warehouse.embedder)
