@@ -302,7 +302,6 @@ class KeepCalling(Balancer):
         self.replicas = replicas
         self.provider = provider
         self.answered = 0
-        self.done = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(token,)) for token in (provider.hs256, provider.es256)]
 
     def __enter__(self) -> KeepCalling:
@@ -318,7 +317,7 @@ class KeepCalling(Balancer):
     def _run(self, token: Callable[[str], str]) -> None:
         with httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
             n = 0
-            while not self.done.is_set():
+            while self.going():
                 n += 1
                 headers = {"Authorization": f"Bearer {token('alice')}"}
 

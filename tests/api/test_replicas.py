@@ -203,7 +203,6 @@ class RollingClient(Balancer):
         self.headers = headers
         self.parent = parent
         self.saved: list[str] = []
-        self.done = threading.Event()
 
     def _send(self, client: httpx.Client, n: int) -> Callable[[Replica], httpx.Response]:
         if n % 2:
@@ -215,7 +214,7 @@ class RollingClient(Balancer):
         # A new connection per request: a kept-alive one to a replica that has gone is not a failure of a live one.
         with httpx.Client(headers=self.headers, timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
             n = 0
-            while not self.done.is_set():
+            while self.going():
                 n += 1
                 answered = self.send(self.replicas if n % 2 else self.replicas[::-1], self._send(client, n), f"request {n}")
                 if answered is not None and n % 2:

@@ -81,12 +81,11 @@ class UpgradeClient(Balancer):
         self.answered: list[tuple[str, str, list[str]]] = []  # (person, query, chunk ids)
         self.saved: list[str] = []
         self.served_by: dict[int, int] = {}
-        self.done = threading.Event()
 
     def run(self) -> None:
         with httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
             n = 0
-            while not self.done.is_set():
+            while self.going():
                 n += 1
                 person = PEOPLE[n % len(PEOPLE)] if n % 4 else "alice"
                 query = f"salary bands and the budget, request {n}"

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -101,13 +102,25 @@ class Balancer:
     """Requests sent as a load balancer sends them: to each replica of an order in turn until one
     answers. A connection that fails on a replica being stopped or drained (its port in
     ``stopping`` when the request went out or when it failed) moves on to the next replica; any
-    other failure, an answer other than 200, or a request no replica took is one of ``failures``."""
+    other failure, an answer other than 200, or a request no replica took is one of ``failures``.
+
+    A client loop sends ``while balancer.going()``: a request every ``PAUSE_S`` or so (up to 20 a
+    second), until ``done`` is set. Requests keep arriving through every stop and start (a replica
+    takes about 3 s to start), and the cores stay free for the replicas' starts and the rest of the
+    suite: with no pause, one loop kept two cores busy."""
+
+    PAUSE_S = 0.05
 
     def __init__(self) -> None:
         self.stopping: set[int] = set()
         self.failures: list[str] = []
         self.attempts = 0  # requests sent, the ones a stopping replica dropped included
         self.retried = 0  # requests a stopping replica dropped, sent on to the next
+        self.done = threading.Event()
+
+    def going(self) -> bool:
+        """Whether a client loop sends its next request: after the pause, unless ``done``."""
+        return not self.done.wait(self.PAUSE_S)
 
     def send(self, order: Iterable[Replica], request: Callable[[Replica], httpx.Response],
              what: str) -> tuple[Replica, httpx.Response] | None:  # fmt: skip
