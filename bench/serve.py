@@ -195,18 +195,25 @@ def serve_replica(warehouse: str, port: int, log: Path, workers: int = 1, **sett
                "--warehouse", warehouse, "--workers", str(workers)]  # fmt: skip
     with log.open("wb") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
+    wait_until_serving(process, f"http://127.0.0.1:{port}/readyz", log=log, timeout=180)
+    return process
+
+
+def wait_until_serving(process: subprocess.Popen[bytes], url: str, *, log: Path, timeout: float, every: float = 0.3) -> None:
+    """Ask ``url`` (a started replica's ``/readyz`` or ``/healthz``) until it answers 200; a
+    RuntimeError naming ``log`` if ``process`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
     with httpx.Client(timeout=2) as client:  # one client: a new one per try would load the CA bundle each time
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"the replica on port {port} exited; see {log}")
+                raise RuntimeError(f"the replica at {url} exited with {process.returncode}; see {log}")
             try:
-                if client.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    return process
+                if client.get(url).status_code == 200:
+                    return
             except httpx.TransportError:
                 pass
-            time.sleep(0.3)
-    raise RuntimeError(f"the replica on port {port} did not become ready")
+            time.sleep(every)
+    raise RuntimeError(f"the replica at {url} did not answer 200 in {timeout} s; see {log}")
 
 
 def token_for(sub: str, tenant: str) -> str:

@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 from support.identity_provider import AUDIENCE, ISSUER, JWT_SECRET
 
+from ragwarden.bench.serve import wait_until_serving
+
 CLI = Path(sys.executable).parent / "ragwarden"
 
 
@@ -50,18 +52,7 @@ class Replica:
                    *self.args]  # fmt: skip
         with log.open("wb") as output:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(command, env={**os.environ, **self.env}, stdout=output, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2) as client:  # one client: each new one loads the CA bundle again
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"replica on port {self.port} exited with {self.process.returncode}; see {log.name}")
-                try:
-                    if client.get(f"{self.url}/{'readyz' if ready else 'healthz'}").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-        raise RuntimeError(f"replica on port {self.port} did not become ready in {timeout} s")
+        wait_until_serving(self.process, f"{self.url}/{'readyz' if ready else 'healthz'}", log=log, timeout=timeout, every=0.2)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (graceful: in-flight requests finish), then wait for the exit."""
@@ -95,7 +86,6 @@ def ready_within(url: str, seconds: float) -> httpx.Response:
             if answer.status_code == 200 or time.monotonic() > deadline:
                 return answer
             time.sleep(0.1)
-
 
 
 class Balancer:
